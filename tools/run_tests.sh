@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command of README.md: the whole suite on CPU, with 8 fake devices for the sharding tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
+export JAX_PLATFORMS=cpu
+export TOKENIZERS_PARALLELISM=false
+exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile tests "$@"
