@@ -1,0 +1,147 @@
+"""Baselines and weights that turn datum rewards into advantages (spec §5.1–5.6).
+
+Array functions (``loo_advantages``, ``execution_advantages``, ``root_balanced_advantages``, ``depth_weights``,
+``gamma_depth_weights``) are the specification; the ``assign_*`` / ``apply_*`` helpers apply them to lists of
+``Datum`` for one task group or one step batch. No std normalisation anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from sera_jax.rl.datums import Datum
+
+__all__ = [
+    "loo_advantages", "execution_advantages", "root_balanced_advantages", "depth_weights", "gamma_depth_weights",
+    "is_zero_variance", "step_is_skipped", "assign_execution_advantages", "assign_delegation_advantages",
+    "assign_rubric_advantages", "apply_depth_weights",
+]
+
+
+@partial(jax.jit, static_argnames="num_groups")
+def _loo(values: Float[Array, "N"], seg: Int[Array, "N"], num_groups: int) -> Float[Array, "N"]:
+    total = jax.ops.segment_sum(values, seg, num_groups)[seg]
+    count = jax.ops.segment_sum(jnp.ones_like(values), seg, num_groups)[seg]
+    others = (total - values) / jnp.maximum(count - 1, 1)
+    return jnp.where(count > 1, values - others, 0.0)
+
+
+def loo_advantages(values: Sequence[float] | Array, group_ids: Sequence[Any] | Array) -> Float[Array, "N"]:
+    """Returns v_i − mean of the other values in v_i's group (0 for a group of one), in input order."""
+    v = jnp.asarray(values, dtype=jnp.float32)
+    if v.shape[0] == 0:
+        return v
+    n = v.shape[0]
+    _, seg = np.unique(np.asarray(group_ids), return_inverse=True)
+    # Pad to a power of two (padding in its own segment) so varying batch sizes reuse a few compiled shapes.
+    width = max(8, 1 << (n - 1).bit_length())
+    seg_p = np.full(width, width, np.int32)
+    seg_p[:n] = seg.reshape(-1)
+    v_p = jnp.zeros(width, jnp.float32).at[:n].set(v)
+    return _loo(v_p, jnp.asarray(seg_p), width + 1)[:n]
+
+
+def execution_advantages(rewards: Sequence[float], rollout: Sequence[int],
+                         root_rewards: Sequence[float]) -> np.ndarray:
+    """Returns A = r − (Σ_j R_j − R_i)/(N − 1) for each datum reward r of rollout i, with R the N root rewards of
+    the task group (the baseline uses root rewards only); for N = 1, A = r − R_0."""
+    R = np.asarray(root_rewards, dtype=np.float64)
+    n = R.shape[0]
+    base = (R.sum() - R) / (n - 1) if n > 1 else R.copy()
+    return np.asarray(rewards, dtype=np.float64) - base[np.asarray(rollout, dtype=np.int64)]
+
+
+def root_balanced_advantages(rewards: Sequence[float], rollout: Sequence[int], num_rollouts: int) -> np.ndarray:
+    """Returns A = r − (Σ_j m_j − m_k)/(G − 1) for each launch datum of rollout k, m_k the mean reward of rollout
+    k's launch datums (0 when it has none), over G = ``num_rollouts`` ≥ 2 root rollouts (spec §5.4)."""
+    if num_rollouts < 2:
+        raise ValueError("root-balanced LOO needs at least two root rollouts")
+    r = np.asarray(rewards, dtype=np.float64)
+    k = np.asarray(rollout, dtype=np.int64)
+    sums = np.bincount(k, weights=r, minlength=num_rollouts)
+    counts = np.bincount(k, minlength=num_rollouts)
+    m = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+    return r - (m.sum() - m[k]) / (num_rollouts - 1)
+
+
+def depth_weights(traj_counts: Mapping[int, int], datum_counts: Mapping[int, int]) -> dict[int, float]:
+    """Returns w_d = Z·v_d with v_d = 1/T_d (0 when T_d = 0) and Z = Σ D_d / Σ D_d·v_d, for every depth in either
+    map: each depth gets equal total trajectory mass and the mean weight per datum is 1."""
+    depths = sorted(set(traj_counts) | set(datum_counts))
+    v = {d: (1.0 / traj_counts[d] if traj_counts.get(d, 0) > 0 else 0.0) for d in depths}
+    total = sum(datum_counts.get(d, 0) for d in depths)
+    mass = sum(datum_counts.get(d, 0) * v[d] for d in depths)
+    z = total / mass if mass > 0 else 0.0
+    return {d: z * v[d] for d in depths}
+
+
+def gamma_depth_weights(depths: Sequence[int], gamma: float) -> np.ndarray:
+    """Returns γ^d per datum, normalised so the mean over the given (global) batch is 1."""
+    raw = np.power(float(gamma), np.asarray(depths, dtype=np.float64))
+    return raw / raw.mean() if raw.size and raw.mean() > 0 else raw
+
+
+def is_zero_variance(values: Sequence[float], atol: float = 1e-12) -> bool:
+    """Returns True when all values are equal (to ``atol``) — or there are none: such a task group carries no
+    learning signal and is rejected (or marked non-trainable), spec §5.6."""
+    a = np.asarray(values, dtype=np.float64)
+    return a.size == 0 or float(a.max() - a.min()) <= atol
+
+
+def step_is_skipped(num_trainable: int, num_ranks: int = 8) -> bool:
+    """Returns True when the step must be skipped (version does not advance): fewer trainable datums than ranks."""
+    return num_trainable < num_ranks
+
+
+# ----------------------------------------------------------------------------------------- on lists of datums
+
+def _with(datums: Sequence[Datum], scalars: Sequence[float]) -> list[Datum]:
+    return [dataclasses.replace(d, scalar=float(s)) for d, s in zip(datums, scalars)]
+
+
+def assign_execution_advantages(datums: Sequence[Datum], root_rewards: Sequence[float]) -> list[Datum]:
+    """Returns the task group's execution datums with scalar = execution advantage; ``root_rewards[i]`` is the root
+    reward of the rollout whose ``rollout_index`` is i."""
+    adv = execution_advantages([d.scalar for d in datums], [d.rollout_index for d in datums], root_rewards)
+    return _with(datums, adv)
+
+
+def assign_delegation_advantages(datums: Sequence[Datum], num_rollouts: int) -> list[Datum]:
+    """Returns the task group's launch datums with scalar = root-balanced LOO advantage ([] if G < 2)."""
+    if num_rollouts < 2:
+        return []
+    adv = root_balanced_advantages([d.scalar for d in datums], [d.rollout_index for d in datums], num_rollouts)
+    return _with(datums, adv)
+
+
+def assign_rubric_advantages(datums: Sequence[Datum]) -> list[Datum]:
+    """Returns the task group's rubric datums with scalar = LOO over its ranked groups (0 when K = 1);
+    non-trainable placeholders pass through unchanged."""
+    live = [d for d in datums if d.trainable]
+    adv = np.asarray(loo_advantages([d.scalar for d in live], [0] * len(live))) if live else []
+    it = iter(_with(live, adv))
+    return [next(it) if d.trainable else d for d in datums]
+
+
+def apply_depth_weights(datums: Sequence[Datum], gamma: float | None = None) -> list[Datum]:
+    """Returns the step batch's trainable datums with scalar × depth weight (inverse trajectory frequency, or
+    γ^depth when ``gamma`` is set); non-trainable datums are removed first, as the trainer does."""
+    live = [d for d in datums if d.trainable]
+    if gamma is not None:
+        return _with(live, [d.scalar * w for d, w in zip(live, gamma_depth_weights([d.traj_depth for d in live],
+                                                                                    gamma))])
+    traj: dict[int, int] = {}
+    cnt: dict[int, int] = {}
+    for d in live:
+        cnt[d.traj_depth] = cnt.get(d.traj_depth, 0) + 1
+        traj[d.traj_depth] = traj.get(d.traj_depth, 0) + d.traj_start
+    w = depth_weights(traj, cnt)
+    return _with(live, [d.scalar * w[d.traj_depth] for d in live])

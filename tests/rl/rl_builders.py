@@ -1,0 +1,34 @@
+"""Record builders shared by the credit-assignment tests."""
+
+from __future__ import annotations
+
+import itertools
+
+from sera_jax.agents.records import Node, Tree, Turn
+
+_ids = itertools.count()
+
+
+def turn(index: int, prompt, completion, *, version: int = 3, code: str = "", output: str = "", error: str = "",
+         completion_id: str | None = "auto", text: str = "", reward_misc=None, logprob_base: float = -0.1) -> Turn:
+    """A turn whose logprobs are distinct per token (so misplaced logprobs are detected)."""
+    completion = list(completion)
+    return Turn(index=index, prompt_ids=list(prompt), completion_ids=completion,
+                logprobs=[logprob_base - 0.01 * k for k in range(len(completion))], policy_version=version,
+                completion_id=f"c{next(_ids)}" if completion_id == "auto" else completion_id,
+                completion_text=text, code=code, output=output, error=error, reward_misc=dict(reward_misc or {}))
+
+
+def node(nid: str, *, parent: str | None = None, fork_step: int | None = None, depth: int = 0, turns=(),
+         success: float | None = None, **kw) -> Node:
+    turns = list(turns)
+    if success is not None and turns:
+        turns[-1].reward_misc.setdefault("reward/success", success)
+    return Node(id=nid, goal=f"goal of {nid}", parent_id=parent, fork_step=fork_step, depth=depth, turns=turns, **kw)
+
+
+def tree(tid: str, nodes, *, index: int = 0, task_id: str = "task0", **kw) -> Tree:
+    nodes = list(nodes)
+    root = next(n.id for n in nodes if n.parent_id is None)
+    return Tree(id=tid, task_id=task_id, root_id=root, nodes={n.id: n for n in nodes}, root_rollout_index=index,
+                **kw)
