@@ -1,0 +1,1 @@
+"""TextCraft-Synth."""
