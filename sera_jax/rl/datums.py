@@ -126,13 +126,13 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: st
     leaf-coverage reward R_root·w_e for events, ``invalid_reward`` for attempts that created no child. Events and
     attempts with an empty mask or no completion give no datum.
     """
-    idx, _ = _ordered(tree)
+    idx = TreeIndex.build(tree)
     events, excluded = R.leaf_coverage_rewards(tree, root_reward, success_gate=success_gate)
     fork_steps: dict[str, dict[int, R.LaunchEvent]] = {}
     for ev in events:
         fork_steps.setdefault(ev.parent_id, {})[ev.fork_step] = ev
     marker = "launch_subagent" if env == "textcraft" else "<delegate"
-    parents = sorted({*fork_steps, *tree.nodes}, key=lambda i: (idx.depth[i], i))
+    parents = sorted(tree.nodes, key=lambda i: (idx.depth[i], i))
     out: list[Datum] = []
     for pid in parents:
         node, started = tree.nodes[pid], False
