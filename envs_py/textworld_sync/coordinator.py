@@ -9,6 +9,7 @@ underlying lock. `AgentView` is the thin per-agent handle; delegation makes a ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -92,6 +93,13 @@ class Coordinator:
         async with self._async_lock():
             with self._tlock:
                 return self.world.step(agent_id, action)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        """Yields the World under the lock, for a caller that must read and act as one commit (e.g. an oracle)."""
+        async with self._async_lock():
+            with self._tlock:
+                yield self.world
 
     # ------------------------------------------------------------------ branches
 

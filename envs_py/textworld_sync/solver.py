@@ -93,6 +93,34 @@ def run_oracle(world: World, assignment: Mapping[str, Iterable[str]], max_steps:
     return log
 
 
+async def run_oracle_concurrent(coordinator: Any, assignment: Mapping[str, Iterable[str]],
+                                max_rounds: int = 10_000) -> None:
+    """Runs one asyncio oracle agent per entry of `assignment` (agent id -> dish ids) concurrently on a
+    Coordinator; each decides and commits inside one transaction. Returns when the world is done or every agent
+    has finished its dishes."""
+    import asyncio
+
+    dish_ids = coordinator.world.c.dish_ids
+
+    async def agent_loop(agent: str, dishes: Iterable[str]) -> None:
+        coordinator.fork_shared(agent)
+        owned = {dish_ids.index(d) for d in dishes}
+        idle_since = None
+        for _ in range(max_rounds):  # bounded, so a bug cannot hang the caller
+            async with coordinator.transaction() as world:
+                if world.done or all(world.meal_eaten[d] for d in owned):
+                    return
+                action = next_action(world, agent, owned)
+                if action is None and idle_since == world.steps:
+                    action = "look around"  # nobody acted for a whole round: let a tool cool down
+                idle_since = world.steps if action is None else None
+                if action is not None:
+                    world.step(agent, action)
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(agent_loop(a, d) for a, d in assignment.items()))
+
+
 def oracle_actions(task: Any, rules: str = "reference") -> list[str]:
     """Returns a single-agent ('root') action list that solves `task` (checked by simulation)."""
     world = make_world(task, rules)
