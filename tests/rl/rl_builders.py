@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from sera_jax.agents.records import Node, Tree, Turn
+from sera_jax.rl.datums import Datum
 
 _ids = itertools.count()
 
@@ -32,3 +35,17 @@ def tree(tid: str, nodes, *, index: int = 0, task_id: str = "task0", **kw) -> Tr
     root = next(n.id for n in nodes if n.parent_id is None)
     return Tree(id=tid, task_id=task_id, root_id=root, nodes={n.id: n for n in nodes}, root_rollout_index=index,
                 **kw)
+
+
+def random_datums(rng: np.random.Generator, n: int, max_len: int = 60) -> list[Datum]:
+    out = []
+    for i in range(n):
+        L = int(rng.integers(2, max_len))
+        p = int(rng.integers(1, L))  # at least one prompt token, at least one completion token
+        mask = [0] * p + [int(x) for x in rng.integers(0, 2, L - p)]
+        mask[-1] = 1
+        out.append(Datum(tokens=tuple(int(t) for t in rng.integers(1, 50, L)), mask=tuple(mask),
+                         logprobs=tuple(float(-x) if m else 0.0 for x, m in zip(rng.random(L), mask)),
+                         versions=tuple(3 if m else -1 for m in mask), scalar=float(rng.normal()),
+                         objective="execution", traj_depth=0, traj_start=1, node_id=f"n{i}"))
+    return out

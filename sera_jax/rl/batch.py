@@ -1,0 +1,124 @@
+"""Datums → fixed-shape, packed micro-batches under a token budget (spec §6.1–6.2).
+
+Each datum of L tokens becomes one packed sequence of L − 1 positions (position t predicts token t + 1, so the
+loss mask, advantages and behaviour logprobs are those of the *target* token). Sequences are packed first-fit
+decreasing into rows of a bucketed length T; a micro-batch is ``rows = max(1, token_budget // T)`` rows, so every
+micro-batch of a step has the same [B, T] shape and shapes repeat across steps (no recompilation). Segment ids are
+1-based per sequence within a row (0 = padding) and positions restart at 0 for each sequence, which is what the
+model's packed attention needs. ``num_tokens`` is the global count of loss-masked tokens of the step, put on every
+micro-batch so the losses of the micro-batches add up to the loss of the whole step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import flax.struct
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from sera_jax.rl.datums import Datum
+
+__all__ = ["MicroBatch", "PackedStep", "DEFAULT_BUCKETS", "bucket_length", "pack_datums", "count_loss_tokens"]
+
+DEFAULT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
+
+
+@flax.struct.dataclass
+class MicroBatch:
+    tokens: Int[Array, "B T"]          # input token ids
+    targets: Int[Array, "B T"]         # the next token each position predicts
+    positions: Int[Array, "B T"]       # restart at 0 for each packed sequence
+    segment_ids: Int[Array, "B T"]     # 1..k per sequence within a row, 0 = padding
+    loss_mask: Float[Array, "B T"]     # 1 where the target token is trained
+    advantages: Float[Array, "B T"]    # the datum scalar on every trained position, 0 elsewhere
+    old_logprobs: Float[Array, "B T"]  # behaviour logprob of the target token
+    num_tokens: Int[Array, ""]         # loss-masked tokens in the whole step (all micro-batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedStep:
+    micro_batches: list[MicroBatch]
+    placements: list[tuple[int, int, int, int]]   # per datum: (micro-batch, row, start, length)
+    num_tokens: int
+
+
+def count_loss_tokens(datums: Sequence[Datum]) -> int:
+    """Returns the number of trained target positions of the datums (the first token is never a target)."""
+    return sum(sum(d.mask[1:]) for d in datums)
+
+
+def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """Returns the smallest bucket ≥ n; raises ValueError when n exceeds the largest bucket."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    raise ValueError(f"sequence of {n} positions exceeds the largest bucket {max(buckets)}")
+
+
+def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
+                buckets: Sequence[int] = DEFAULT_BUCKETS, row_len: int | None = None,
+                num_tokens: int | None = None, pad_id: int = 0) -> PackedStep:
+    """Returns the datums packed into equal-shape micro-batches of at most ``token_budget`` tokens.
+
+    ``row_len`` fixes T (else the smallest bucket holding the longest sequence); ``num_tokens`` overrides the
+    global loss-token count (pass the all-ranks total when each rank packs only its share). Datums with fewer than
+    two tokens carry no target and are left out (their placement is (-1, -1, -1, 0)).
+    """
+    lengths = [max(len(d.tokens) - 1, 0) for d in datums]
+    longest = max(lengths, default=1)
+    T = row_len if row_len is not None else bucket_length(max(longest, 1), buckets)
+    if longest > T:
+        raise ValueError(f"sequence of {longest} positions does not fit rows of {T}")
+    rows_per_micro = max(1, token_budget // T)
+
+    # First-fit decreasing (stable on the datum index, so packing is deterministic).
+    order = sorted((i for i in range(len(datums)) if lengths[i] > 0), key=lambda i: (-lengths[i], i))
+    free: list[int] = []
+    nseg: list[int] = []
+    where: dict[int, tuple[int, int, int]] = {}
+    for i in order:
+        row = next((r for r, f in enumerate(free) if f >= lengths[i]), None)
+        if row is None:
+            free.append(T)
+            nseg.append(0)
+            row = len(free) - 1
+        nseg[row] += 1  # sequences sit left to right in placement order, so ids rise along the row
+        where[i] = (row, T - free[row], nseg[row])
+        free[row] -= lengths[i]
+
+    n_micro = max(1, -(-len(free) // rows_per_micro))
+    shape = (n_micro * rows_per_micro, T)
+    arr = {k: np.zeros(shape, np.int32) for k in ("tokens", "targets", "positions", "segment_ids")}
+    arr["tokens"][:] = pad_id
+    arr["targets"][:] = pad_id
+    flt = {k: np.zeros(shape, np.float32) for k in ("loss_mask", "advantages", "old_logprobs")}
+    placements = []
+    for i, d in enumerate(datums):
+        if i not in where:
+            placements.append((-1, -1, -1, 0))
+            continue
+        row, start, seg = where[i]
+        n = lengths[i]
+        sl = slice(start, start + n)
+        tok = np.asarray(d.tokens, np.int32)
+        m = np.asarray(d.mask[1:], np.float32)
+        arr["tokens"][row, sl] = tok[:-1]
+        arr["targets"][row, sl] = tok[1:]
+        arr["positions"][row, sl] = np.arange(n)
+        arr["segment_ids"][row, sl] = seg
+        flt["loss_mask"][row, sl] = m
+        flt["advantages"][row, sl] = m * np.float32(d.scalar)
+        flt["old_logprobs"][row, sl] = np.asarray(d.logprobs[1:], np.float32)
+        placements.append((row // rows_per_micro, row % rows_per_micro, start, n))
+
+    total = count_loss_tokens([d for i, d in enumerate(datums) if i in where]) if num_tokens is None \
+        else int(num_tokens)
+    micro = []
+    for b in range(n_micro):
+        rs = slice(b * rows_per_micro, (b + 1) * rows_per_micro)
+        micro.append(MicroBatch(**{k: jnp.asarray(v[rs]) for k, v in {**arr, **flt}.items()},
+                                num_tokens=jnp.asarray(total, jnp.int32)))
+    return PackedStep(micro, placements, total)

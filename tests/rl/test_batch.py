@@ -1,0 +1,77 @@
+"""Packing datums into fixed-shape micro-batches (segment ids, positions, shifted masks, global token count)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sera_jax.rl.batch import bucket_length, count_loss_tokens, pack_datums
+from sera_jax.rl.datums import Datum
+from rl_builders import random_datums
+
+
+def test_bucket_length():
+    assert bucket_length(1) == 256 and bucket_length(256) == 256 and bucket_length(257) == 512
+    assert bucket_length(5, (8, 4)) == 8
+    with pytest.raises(ValueError):
+        bucket_length(20_000)
+
+
+def test_every_datum_lands_intact_with_segments_positions_and_shifted_arrays():
+    rng = np.random.default_rng(0)
+    ds = random_datums(rng, 23)
+    step = pack_datums(ds, token_budget=256, buckets=(64, 128))
+    T = 64
+    assert all(mb.tokens.shape == (4, T) for mb in step.micro_batches)  # 256 // 64 rows, all micro-batches
+    assert step.num_tokens == count_loss_tokens(ds) == sum(sum(d.mask[1:]) for d in ds)
+    assert all(int(mb.num_tokens) == step.num_tokens for mb in step.micro_batches)
+    seen_cells = np.zeros((len(step.micro_batches), 4, T), int)
+    for d, (b, r, s, n) in zip(ds, step.placements):
+        mb = step.micro_batches[b]
+        sl = slice(s, s + n)
+        assert n == len(d.tokens) - 1
+        np.testing.assert_array_equal(mb.tokens[r, sl], d.tokens[:-1])
+        np.testing.assert_array_equal(mb.targets[r, sl], d.tokens[1:])
+        np.testing.assert_array_equal(mb.positions[r, sl], np.arange(n))
+        np.testing.assert_array_equal(mb.loss_mask[r, sl], d.mask[1:])
+        np.testing.assert_allclose(mb.advantages[r, sl], np.float32(d.scalar) * np.asarray(d.mask[1:]))
+        np.testing.assert_allclose(mb.old_logprobs[r, sl], np.asarray(d.logprobs[1:], np.float32))
+        seg = np.asarray(mb.segment_ids[r, sl])
+        assert seg.min() == seg.max() >= 1
+        seen_cells[b, r, sl] += 1
+    assert seen_cells.max() == 1  # no overlap
+    for b, mb in enumerate(step.micro_batches):
+        pad = seen_cells[b] == 0
+        seg = np.asarray(mb.segment_ids)
+        assert np.all(seg[pad] == 0) and np.all(np.asarray(mb.loss_mask)[pad] == 0)
+        assert np.all(np.asarray(mb.advantages)[pad] == 0)
+        for row in seg:  # segment ids count 1, 2, ... along a row
+            ids = [int(x) for x in row if x]
+            assert ids == sorted(ids) and (not ids or set(ids) == set(range(1, max(ids) + 1)))
+
+
+def test_shapes_are_static_across_steps():
+    rng = np.random.default_rng(1)
+    shapes = {mb.tokens.shape for k in range(5)
+              for mb in pack_datums(random_datums(rng, int(rng.integers(1, 30))), token_budget=1024,
+                                    buckets=(128, 256)).micro_batches}
+    assert shapes == {(8, 128)}
+    fixed = pack_datums(random_datums(rng, 3, max_len=10), token_budget=1000, row_len=200)
+    assert fixed.micro_batches[0].tokens.shape == (5, 200)
+
+
+def test_budget_and_edge_cases():
+    rng = np.random.default_rng(2)
+    ds = random_datums(rng, 40)
+    step = pack_datums(ds, token_budget=300, buckets=(64,))
+    for mb in step.micro_batches:
+        assert mb.tokens.size <= 300
+    short = Datum((7,), (1,), (-0.1,), (3,), 1.0, "execution", 0, 1)
+    s2 = pack_datums([short] + ds[:2], token_budget=300, buckets=(64,))
+    assert s2.placements[0] == (-1, -1, -1, 0)
+    assert s2.num_tokens == count_loss_tokens(ds[:2])
+    assert pack_datums(ds[:2], num_tokens=999).num_tokens == 999
+    with pytest.raises(ValueError):
+        pack_datums(ds, row_len=8)
+    empty = pack_datums([], token_budget=512, buckets=(256,))
+    assert len(empty.micro_batches) == 1 and int(empty.micro_batches[0].num_tokens) == 0
