@@ -64,6 +64,36 @@ def subagent_results_text(children: Iterable[Mapping[str, Any]], observation: st
     return "\n".join(lines)
 
 
+def task_message_text(task_text: str, budget: int, observation: str, valid_actions: Sequence[str],
+                      subagents_enabled: bool = True) -> str:
+    """Returns the first user message of an agent (spec §11): the task (root) or goal (sub-agent), its budget,
+    the observation, the valid actions, the action space (delegate / finish shown whenever sub-agents are enabled,
+    even at the depth limit) and the request for a first action."""
+    space = [
+        "1. <action>COMMAND</action> - one command from the Valid Actions list (costs one shared step).",
+        "2. <action>inventory</action> - look up the shared inventory (free: no shared step).",
+    ]
+    if subagents_enabled:
+        space += [
+            '3. <delegate>{"goal": "...", "max_steps": N}</delegate> or '
+            '<delegate>{"delegations": [{"goal": "..."}, {"goal": "...", "max_steps": N}]}</delegate>'
+            " - launch sub-agents that share this world.",
+            "4. <finish>MESSAGE</finish> - stop and return MESSAGE to your parent Agent.",
+        ]
+    parts = [
+        "# Task", task_text, "",
+        f"Budget: You have a total budget of {budget} steps to complete this task.", "",
+        "# Initial Observation", observation, "",
+        "# Valid Actions", *[f"- {a}" for a in valid_actions], "",
+        "# Action Space", *space, "",
+    ]
+    if subagents_enabled:
+        parts += ["# Delegation", "Follow the delegation strategy in the system message.", ""]
+    parts.append("Now provide the first action or delegation." if subagents_enabled
+                 else "Now provide the first action.")
+    return "\n".join(parts)
+
+
 def turn_feedback_text(step_index: int, observation: str, budget: int, infos: Mapping[str, Any]) -> str:
     """Returns the user message after an agent's turn (spec §11): the turn's observation, the agent's budget,
     the valid actions at that time and the score / success / failure / done flags."""

@@ -8,7 +8,7 @@ import pytest
 from envs_py.textworld_sync import load_tasks, make_world, parse_reply
 from envs_py.textworld_sync.messages import (
     child_agent_id, depth_rejection_text, inventory_lookup_text, invalid_reply_text, subagent_results_text,
-    turn_feedback_text,
+    task_message_text, turn_feedback_text,
 )
 from envs_py.textworld_sync.protocol import Delegation, fallback_command
 
@@ -117,3 +117,15 @@ def test_runtime_texts():
     assert feedback.startswith("[Step 2 Observation]\nYou are in the kitchen.")
     assert "Budget used by current Agent: 3/20 steps." in feedback
     assert "Current Agent remaining budget: 17 steps." in feedback and "- look around" in feedback
+
+
+def test_first_message_information_content():
+    world = make_world(load_tasks("sample")[0])
+    obs, infos = world.observe_full("root")
+    text = task_message_text(world.task.goal, 20, obs, infos["validActions"])
+    assert text.startswith("# Task\nPrepare and eat 2 independent dishes.")
+    assert "Budget: You have a total budget of 20 steps to complete this task." in text
+    assert "# Initial Observation\n" + obs in text and "- take white onion" in text
+    assert "<delegate>" in text and "<finish>" in text and text.endswith("first action or delegation.")
+    solo = task_message_text("goal", 5, obs, ["look around"], subagents_enabled=False)
+    assert "<delegate>" not in solo and "<action>inventory</action>" in solo
