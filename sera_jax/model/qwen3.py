@@ -228,20 +228,27 @@ def default_positions(tokens_BT, segment_ids_BT=None):
 
 def init_params(key: jax.Array, cfg: Qwen3Config) -> Params:
     """Returns freshly initialised parameters (plain arrays in ``cfg.param_dtype``; no metadata boxes)."""
-    boxed = _init_boxed(key, cfg)
-    return nn.meta.unbox(boxed)
+    return _unbox(_init_boxed(key, cfg))
+
+
+def _unbox(tree):
+    # Plain values without applying sharding constraints: placement is the caller's job (parallel.rules).
+    return jax.tree.map(lambda b: b.value if isinstance(b, nn.meta.AxisMetadata) else b, tree,
+                        is_leaf=lambda b: isinstance(b, nn.meta.AxisMetadata))
 
 
 def _init_boxed(key, cfg: Qwen3Config):
     tokens = jnp.zeros((1, 1), jnp.int32)
-    variables = Qwen3(cfg).init(key, tokens, jnp.zeros((1, 1), jnp.int32),
-                                aux={"segment_ids": jnp.ones((1, 1), jnp.int32)})
+    # Initialise outside any ambient logical rules: activation constraints of a 1-token dummy batch are meaningless.
+    with nn.logical_axis_rules(()):
+        variables = Qwen3(cfg).init(key, tokens, jnp.zeros((1, 1), jnp.int32),
+                                    aux={"segment_ids": jnp.ones((1, 1), jnp.int32)})
     return variables["params"]
 
 
 def abstract_params(cfg: Qwen3Config) -> Params:
     """Returns the parameter tree as ``jax.ShapeDtypeStruct`` leaves, without allocating anything."""
-    return nn.meta.unbox(jax.eval_shape(lambda k: _init_boxed(k, cfg), jax.random.key(0)))
+    return _unbox(jax.eval_shape(lambda k: _init_boxed(k, cfg), jax.random.key(0)))
 
 
 def param_logical_axes(cfg: Qwen3Config):
