@@ -1,0 +1,313 @@
+"""A sandbox for model-written Python cells: one persistent, locked-down process per agent.
+
+Host side (any asyncio process, e.g. an env worker): :class:`Sandbox` starts ``python -I -S`` running
+``sandbox_child.py`` as a script (stdlib only, so the child imports nothing of ours) with an empty environment. The child
+pre-imports the modules cells may use, then locks itself down before it runs any cell:
+
+* drops to uid/gid 65534 when started as root (so rlimits bind and nothing of root's is reachable);
+* rlimits: no new processes or threads (NPROC 0), no file writes (FSIZE 0), no new file descriptors (NOFILE =
+  the fds already open), an address-space cap, no core files, a lifetime CPU cap;
+* a seccomp filter (x86-64) that fails fork/clone/exec, sockets, open, kill/signals to others, ptrace,
+  setrlimit/setuid and similar calls with EPERM;
+* an audit hook that refuses file opens, os/subprocess/socket/ctypes/signal/gc-walking/frame events;
+* a cell namespace whose builtins lack open/eval/exec/compile/input and whose ``__import__`` only hands out a
+  whitelist of pre-imported modules (``asyncio`` is a restricted facade).
+
+The child holds no world state: every tool call, ``launch_subagent`` included, is an RPC answered by the host's
+handler, which validates it. Per cell the child enforces CPU (ITIMER_PROF) and wall-clock (ITIMER_REAL, paused
+while awaiting async tool calls such as sub-agents) limits and an output cap; the host kills the process after
+wall + grace seconds (again not counting time awaiting async tools), or on a crash or protocol violation, and
+starts a fresh one: the cell's observation says the namespace was lost. Frames are 4-byte lengths + JSON; the
+host decodes child messages with ``json`` only (never pickle/marshal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import inspect
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+_HDR = struct.Struct("<I")
+MAX_FRAME = 4 << 20
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+ToolHandler = Callable[[str, tuple, dict], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-cell limits: CPU and wall seconds, address space, printed characters, host grace before a kill."""
+
+    cpu_s: float = 5.0
+    wall_s: float = 10.0
+    memory_mb: int = 1024
+    output_chars: int = 20000
+    grace_s: float = 2.0
+    lifetime_cpu_s: int = 3600
+
+
+@dataclasses.dataclass(frozen=True)
+class CellResult:
+    """One cell's observation: printed output (incl. last-expression value and traceback), error text, whether
+    it ran cleanly, the limit it broke (``cpu``/``wall``/``memory``/``output``/``killed``/``crashed``) if any,
+    and whether the sandbox process was replaced (namespace lost)."""
+
+    output: str
+    error: str = ""
+    ok: bool = True
+    limit: str | None = None
+    restarted: bool = False
+
+
+def _encode(frame: dict) -> bytes:
+    body = json.dumps(frame, separators=(",", ":")).encode()
+    return _HDR.pack(len(body)) + body
+
+
+class _Inbox:
+    """Messages from the child, finished async tool calls and timer expiries, in arrival order."""
+
+    def __init__(self):
+        self.items: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+        return self.items.popleft()
+
+
+class _FrameReader(asyncio.Protocol):
+    def __init__(self, inbox: _Inbox):
+        self.inbox, self.buf = inbox, bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 4:
+            (n,) = _HDR.unpack_from(self.buf)
+            if n > MAX_FRAME:
+                self.inbox.put(ValueError(f"oversized frame ({n} bytes)"))
+                self.buf.clear()
+                return
+            if len(self.buf) < 4 + n:
+                return
+            body = bytes(self.buf[4:4 + n])
+            del self.buf[:4 + n]
+            try:
+                self.inbox.put(json.loads(body))
+            except (ValueError, RecursionError) as e:
+                self.inbox.put(ValueError(f"undecodable frame: {e}"))
+
+    def connection_lost(self, exc) -> None:
+        self.inbox.put(None)
+
+
+_TIMEOUT = object()
+
+
+def decode_value(x: Any, depth: int = 0) -> Any:
+    """Returns the Python value of a tagged child value (tuples, lists, dicts with any keys); unknown objects
+    become a placeholder string. Raises ValueError on malformed or too deeply nested input."""
+    if depth > 64:
+        raise ValueError("value nested too deeply")
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, dict) and len(x) == 1:
+        (tag, v), = x.items()
+        if tag == "l" and isinstance(v, list):
+            return [decode_value(e, depth + 1) for e in v]
+        if tag == "t" and isinstance(v, list):
+            return tuple(decode_value(e, depth + 1) for e in v)
+        if tag == "d" and isinstance(v, list):
+            out = {}
+            for pair in v:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise ValueError("bad dict entry")
+                k = decode_value(pair[0], depth + 1)
+                try:
+                    out[k] = decode_value(pair[1], depth + 1)
+                except TypeError:
+                    raise ValueError("unhashable dict key") from None
+            return out
+        if tag == "o" and isinstance(v, str):
+            return f"<{v[:60]} object>"
+    raise ValueError("malformed value")
+
+
+class Sandbox:
+    """One agent's persistent sandbox process. ``await run_cell(code, handler)`` -> :class:`CellResult`.
+
+    ``handler(name, args, kwargs)`` answers tool calls (sync or async function); its return value must be
+    JSON-serialisable. Tools named in ``async_tools`` are coroutines in the cell (``await launch_subagent(...)``);
+    time spent awaiting them counts toward no wall-clock limit.
+    """
+
+    def __init__(self, sync_tools=(), async_tools=(), limits: Limits = Limits(),
+                 forbidden_attrs=("asyncio.all_tasks", "asyncio.current_task")):
+        self.config = {"sync": list(sync_tools), "async": list(async_tools), "forbidden": list(forbidden_attrs),
+                       "cpu_s": limits.cpu_s, "wall_s": limits.wall_s, "memory": limits.memory_mb << 20,
+                       "out": limits.output_chars, "life_cpu": limits.lifetime_cpu_s}
+        self.limits = limits
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+        self._inbox: _Inbox | None = None
+        self._wtransport = None
+        self._cells = 0
+
+    @property
+    def pid(self) -> int | None:
+        """Returns the sandbox process id (None before start)."""
+        return self.proc.pid if self.proc is not None else None
+
+    async def start(self) -> dict:
+        """Starts the process if needed and waits for it to be locked down; returns its ready message."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self.info
+        loop = asyncio.get_running_loop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", _CHILD, json.dumps(self.config)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, cwd="/",
+            close_fds=True)
+        self._inbox = inbox = _Inbox()
+        await loop.connect_read_pipe(lambda: _FrameReader(inbox), self.proc.stdout)
+        self._wtransport, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, self.proc.stdin)
+        msg = await asyncio.wait_for(inbox.get(), timeout=30)
+        if not isinstance(msg, dict) or msg.get("t") != "ready":
+            self.kill()
+            raise RuntimeError("sandbox process failed to start")
+        self.info = msg
+        self._cells = 0
+        return msg
+
+    def kill(self) -> None:
+        """Kills the process (if any); the next cell starts a fresh one."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._wtransport is not None:
+                self._wtransport.close()
+            self.proc = None
+
+    async def close(self) -> None:
+        """Stops the sandbox process."""
+        self.kill()
+
+    def _send(self, frame: dict) -> None:
+        self._wtransport.write(_encode(frame))
+
+    async def run_cell(self, code: str, handler: ToolHandler) -> CellResult:
+        """Runs one cell in this agent's namespace; returns its observation (never raises on cell behaviour)."""
+        restarted = False
+        if self.proc is None or self.proc.poll() is not None:
+            restarted = self._cells > 0 or self.proc is not None
+            await self.start()
+        self._cells += 1
+        self._send({"t": "cell", "n": self._cells, "code": code if isinstance(code, str) else str(code)})
+        loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        budget = self.limits.wall_s + self.limits.grace_s  # wall seconds left, not counting awaited async tools
+        started = loop.time()
+        timer = loop.call_at(started + budget, inbox.put, _TIMEOUT)
+        inflight: dict[Any, asyncio.Future] = {}
+        try:
+            while True:
+                msg = await inbox.get()
+                if isinstance(msg, tuple):  # an async tool call finished
+                    cid, fut = msg
+                    if inflight.pop(cid, None) is not None:
+                        self._reply(cid, fut)
+                        if not inflight:  # the wall clock runs again
+                            started = loop.time()
+                            timer = loop.call_at(started + budget, inbox.put, _TIMEOUT)
+                    continue
+                if msg is _TIMEOUT:
+                    if inflight:
+                        continue
+                    return self._lost("killed", f"Error: the cell exceeded its wall-clock limit "
+                                      f"({self.limits.wall_s:g} s) and did not stop; the sandbox was killed.")
+                if msg is None or not isinstance(msg, dict):
+                    why = "crashed" if msg is None else "killed"
+                    detail = "the sandbox process died" if msg is None else f"protocol violation ({msg})"
+                    return self._lost(why, f"Error: {detail} while running the cell.")
+                kind = msg.get("t")
+                if kind == "done":
+                    limit = msg.get("limit")
+                    return CellResult(str(msg.get("out", ""))[: self.limits.output_chars + 200],
+                                      str(msg.get("err", ""))[:4000], msg.get("ok") is True,
+                                      limit if limit in ("cpu", "wall", "memory", "output") else None, restarted)
+                if kind != "call" or not isinstance(msg.get("name"), str):
+                    continue
+                cid = msg.get("id")
+                try:
+                    args = decode_value(msg.get("a", {"l": []}))
+                    kwargs = decode_value(msg.get("k", {"d": []}))
+                    if not isinstance(args, list) or not isinstance(kwargs, dict) or \
+                            not all(isinstance(k, str) for k in kwargs):
+                        raise ValueError("malformed call")
+                except (ValueError, RecursionError) as e:
+                    self._send({"t": "ret", "id": cid, "err": f"bad tool call: {e}"})
+                    continue
+                if msg.get("async"):
+                    if not inflight:  # stop the wall clock while awaiting (e.g. a sub-agent)
+                        timer.cancel()
+                        budget -= loop.time() - started
+                    fut = asyncio.ensure_future(_call(handler, msg["name"], tuple(args), kwargs))
+                    inflight[cid] = fut
+                    fut.add_done_callback(lambda f, cid=cid: inbox.put((cid, f)))
+                    continue
+                try:
+                    value = handler(msg["name"], tuple(args), kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+                    self._send_value(cid, value)
+                except Exception as e:  # noqa: BLE001  (a handler bug becomes the cell's exception)
+                    self._send({"t": "ret", "id": cid, "err": f"{type(e).__name__}: {e}"})
+        finally:
+            timer.cancel()
+            for fut in inflight.values():
+                fut.cancel()
+
+    def _send_value(self, cid: Any, value: Any) -> None:
+        try:
+            self._send({"t": "ret", "id": cid, "v": value})
+        except (TypeError, ValueError) as e:
+            self._send({"t": "ret", "id": cid, "err": f"tool result not serialisable: {e}"})
+
+    def _reply(self, cid: Any, fut: asyncio.Future) -> None:
+        if self.proc is None or fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._send({"t": "ret", "id": cid, "err": f"{type(exc).__name__}: {exc}"})
+        else:
+            self._send_value(cid, fut.result())
+
+    def _lost(self, why: str, text: str) -> CellResult:
+        self.kill()
+        return CellResult("", text + " Variables from earlier cells were lost; the next cell starts in a fresh "
+                          "namespace.", ok=False, limit=why, restarted=True)
+
+
+async def _call(handler: ToolHandler, name: str, args: tuple, kwargs: dict) -> Any:
+    value = handler(name, args, kwargs)
+    if inspect.isawaitable(value):
+        value = await value
+    return value

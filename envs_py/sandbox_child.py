@@ -1,0 +1,455 @@
+"""The sandbox process (run as a script by :mod:`envs_py.sandbox`; standard library only).
+
+It pre-imports what cells may use, locks itself down (privilege drop, rlimits, seccomp, audit hook), then runs
+cells one by one in a persistent namespace. Tool stubs in that namespace forward every call to the host as a
+frame and return its answer. See sandbox.py for the threat model.
+"""
+
+import ast
+import asyncio
+import builtins
+import ctypes
+import json
+import os
+import platform
+import pprint
+import resource
+import select
+import signal
+import struct
+import sys
+# Modules a cell may import; all loaded now, since nothing can be opened after the lockdown.
+import bisect, collections, collections.abc, copy, dataclasses, datetime, decimal, enum, fractions  # noqa: E401
+import functools, heapq, itertools, math, operator, random, re, statistics, string, textwrap, time  # noqa: E401
+import typing  # noqa: E402
+
+ALLOWED_IMPORTS = {"bisect", "collections", "collections.abc", "copy", "dataclasses", "datetime", "decimal", "enum",
+                   "fractions", "functools", "heapq", "itertools", "math", "operator", "pprint", "random", "re",
+                   "statistics", "string", "textwrap", "time", "typing", "json", "asyncio"}
+REMOVED_BUILTINS = ("open", "eval", "exec", "compile", "input", "breakpoint", "help", "exit", "quit", "__loader__",
+                    "__spec__", "copyright", "credits", "license")
+GATHERERS = {"gather", "wait", "wait_for", "create_task", "as_completed", "ensure_future", "shield"}
+ASYNCIO_ALLOWED = ("gather", "sleep", "create_task", "wait", "wait_for", "as_completed", "shield", "Lock", "Event",
+                   "Semaphore", "BoundedSemaphore", "Condition", "Queue", "LifoQueue", "PriorityQueue", "timeout",
+                   "TimeoutError", "CancelledError", "QueueEmpty", "QueueFull", "FIRST_COMPLETED",
+                   "FIRST_EXCEPTION", "ALL_COMPLETED", "ensure_future", "iscoroutine")
+HDR = struct.Struct("<I")
+CONFIG = json.loads(sys.argv[1])
+TRUSTED = [1]  # audit events are allowed while the runner itself works (set to 0 around cell code)
+
+
+class CellLimit(BaseException):
+    """Raised into a cell that broke a limit (a BaseException, so ``except Exception`` does not swallow it)."""
+
+
+# -- framing --------------------------------------------------------------------------------------------------
+_inbuf = bytearray()
+_pending = {}  # async call id -> future
+_replies = {}  # sync replies that arrived while waiting for another one
+_next_id = [0]
+
+
+def send(frame):
+    body = json.dumps(frame, separators=(",", ":")).encode()
+    data = HDR.pack(len(body)) + body
+    while data:
+        n = os.write(1, data)
+        data = data[n:]
+
+
+def _take_frame():
+    if len(_inbuf) < 4:
+        return None
+    (n,) = HDR.unpack_from(_inbuf)
+    if len(_inbuf) < 4 + n:
+        return None
+    body = bytes(_inbuf[4:4 + n])
+    del _inbuf[:4 + n]
+    return json.loads(body)
+
+
+def _fill(block):
+    if block:
+        select.select([0], [], [])
+    try:
+        data = os.read(0, 1 << 16)
+    except BlockingIOError:
+        return
+    if not data:
+        os._exit(0)  # host went away
+    _inbuf.extend(data)
+
+
+def recv():
+    while True:
+        frame = _take_frame()
+        if frame is not None:
+            return frame
+        _fill(True)
+
+
+def _dispatch(frame):
+    fut = _pending.pop(frame.get("id"), None)
+    if fut is None:
+        _replies[frame.get("id")] = frame
+    elif not fut.done():
+        if "err" in frame:
+            fut.set_exception(RuntimeError(frame["err"]))
+        else:
+            fut.set_result(frame.get("v"))
+
+
+def _on_readable():
+    _fill(False)
+    while True:
+        frame = _take_frame()
+        if frame is None:
+            return
+        _dispatch(frame)
+
+
+def encode(x, depth=0):
+    if depth > 60:
+        raise ValueError("tool argument nested too deeply")
+    if x is None or type(x) in (bool, int, float, str):
+        return x
+    if isinstance(x, bool):
+        return bool(x)
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, str):
+        return str(x)
+    if isinstance(x, float):
+        return float(x)
+    if isinstance(x, tuple):
+        return {"t": [encode(e, depth + 1) for e in x]}
+    if isinstance(x, list):
+        return {"l": [encode(e, depth + 1) for e in x]}
+    if isinstance(x, dict):
+        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in x.items()]}
+    return {"o": type(x).__name__}
+
+
+# -- tool stubs -----------------------------------------------------------------------------------------------
+_state = {"awaiting": 0, "wall_left": 0.0}
+
+
+def _call_frame(name, args, kwargs, is_async):
+    _next_id[0] += 1
+    cid = _next_id[0]
+    send({"t": "call", "id": cid, "name": name, "a": encode(list(args)), "k": encode(dict(kwargs)),
+          "async": is_async})
+    return cid
+
+
+def make_sync_tool(name):
+    def tool(*args, **kwargs):
+        cid = _call_frame(name, args, kwargs, False)
+        while cid not in _replies:
+            _dispatch(recv())
+        frame = _replies.pop(cid)
+        if "err" in frame:
+            raise RuntimeError(frame["err"])
+        return frame.get("v")
+    tool.__name__ = tool.__qualname__ = name
+    return tool
+
+
+def make_async_tool(name, loop):
+    async def tool(*args, **kwargs):
+        fut = loop.create_future()
+        cid = _call_frame(name, args, kwargs, True)
+        _pending[cid] = fut
+        if _state["awaiting"] == 0:  # the wall clock stops while awaiting sub-agents
+            _state["wall_left"] = signal.setitimer(signal.ITIMER_REAL, 0)[0]
+        _state["awaiting"] += 1
+        try:
+            return await fut
+        finally:
+            _state["awaiting"] -= 1
+            if _state["awaiting"] == 0 and _state["wall_left"] > 0:
+                signal.setitimer(signal.ITIMER_REAL, _state["wall_left"], 0.2)
+    tool.__name__ = tool.__qualname__ = name
+    return tool
+
+
+class AsyncioFacade:
+    """What ``asyncio`` is inside a cell: the coordination primitives only."""
+
+    def __init__(self):
+        for n in ASYNCIO_ALLOWED:
+            object.__setattr__(self, n, getattr(asyncio, n))
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"asyncio.{name} is disabled in sandbox. Available: {', '.join(ASYNCIO_ALLOWED)}")
+
+
+FACADE = AsyncioFacade()
+
+
+def safe_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level or name not in ALLOWED_IMPORTS:
+        raise ImportError(f"import of '{name}' is not allowed in the sandbox")
+    if name == "asyncio":
+        return FACADE
+    module = sys.modules[name]
+    return module if fromlist or "." not in name else sys.modules[name.split(".")[0]]
+
+
+def new_namespace(loop):
+    b = dict(builtins.__dict__)
+    for n in REMOVED_BUILTINS:
+        b.pop(n, None)
+    b["__import__"] = safe_import
+    ns = {"__name__": "__main__", "__builtins__": b, "asyncio": FACADE}
+    for n in CONFIG["sync"]:
+        ns[n] = make_sync_tool(n)
+    for n in CONFIG["async"]:
+        ns[n] = make_async_tool(n, loop)
+    return ns
+
+
+# -- lockdown -------------------------------------------------------------------------------------------------
+BLOCKED_EVENTS = {"open", "import", "sys._current_frames", "sys.settrace",
+                  "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+                  "builtins.input", "mmap.__new__", "function.__new__", "sys.setrecursionlimit"}
+BLOCKED_PREFIXES = ("os.", "subprocess.", "socket.", "ctypes.", "shutil.", "signal.", "resource.", "fcntl.",
+                    "pty.", "syslog.", "sqlite3.", "urllib.", "_posixsubprocess", "tempfile.", "glob.", "pathlib.",
+                    "sys.monitoring", "cpython.")
+FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "f_back", "f_globals", "f_locals",
+               "f_builtins"}
+
+
+def audit_hook(event, args, _t=TRUSTED, _b=BLOCKED_EVENTS, _p=BLOCKED_PREFIXES, _f=FRAME_ATTRS):
+    if _t[0]:
+        return
+    if event in _b or event.startswith(_p) or (event == "object.__getattr__" and args[1] in _f):
+        raise PermissionError(f"{event} is not allowed in the sandbox")
+
+
+# x86-64 syscalls that fail with EPERM inside the sandbox.
+DENIED_SYSCALLS = (57, 58, 56, 435, 59, 322, 41, 53, 42, 49, 50, 43, 288, 62, 200, 234, 101, 160, 302, 105, 106,
+                   113, 114, 117, 119, 116, 272, 308, 165, 161, 2, 257, 437, 85, 83, 258, 87, 263, 82, 264, 316, 86,
+                   265, 88, 266, 90, 268, 92, 94, 260, 76, 310, 311, 434, 424, 129, 297, 321, 298, 425, 323, 319,
+                   303, 304, 250, 248, 249, 135, 133, 259, 29, 30, 68, 69, 64, 240)
+
+
+def install_seccomp():
+    if platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    deny, allow, kill = 0x00050000 | 1, 0x7FFF0000, 0x80000000
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, 0xC000003E), (ret, 0, 0, kill), (ld, 0, 0, 0),
+            (jge, 0, 1, 0x40000000), (ret, 0, 0, deny)]
+    for nr in DENIED_SYSCALLS:
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, deny)]
+    prog.append((ret, 0, 0, allow))
+    arr = (Filter * len(prog))(*[Filter(*f) for f in prog])
+    fprog = Prog(len(prog), ctypes.cast(arr, ctypes.POINTER(Filter)))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def lockdown():
+    uid_dropped = False
+    open_fds = []
+    for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+        try:
+            os.fstat(fd)
+            open_fds.append(fd)
+        except OSError:
+            pass  # the listing's own, now closed, directory fd
+    if os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        uid_dropped = True
+    lim = resource.setrlimit
+    lim(resource.RLIMIT_NPROC, (0, 0))
+    lim(resource.RLIMIT_FSIZE, (0, 0))
+    lim(resource.RLIMIT_CORE, (0, 0))
+    lim(resource.RLIMIT_MEMLOCK, (0, 0))
+    lim(resource.RLIMIT_MSGQUEUE, (0, 0))
+    lim(resource.RLIMIT_NOFILE, (max(open_fds) + 1,) * 2)
+    lim(resource.RLIMIT_CPU, (CONFIG["life_cpu"], CONFIG["life_cpu"]))
+    lim(resource.RLIMIT_AS, (CONFIG["memory"], CONFIG["memory"]))
+    seccomp = install_seccomp()  # last: it also forbids setrlimit
+    sys.addaudithook(audit_hook)
+    return {"uid_dropped": uid_dropped, "seccomp": seccomp, "uid": os.getuid()}
+
+
+# -- cells ----------------------------------------------------------------------------------------------------
+class BoundedOut:
+    def __init__(self, limit):
+        self.parts, self.size, self.limit, self.overflow = [], 0, limit, False
+
+    def write(self, s):
+        s = str(s)
+        if self.size + len(s) > self.limit:
+            self.parts.append(s[: max(0, self.limit - self.size)])
+            self.size = self.limit
+            self.overflow = True
+            raise CellLimit("output")
+        self.parts.append(s)
+        self.size += len(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def getvalue(self):
+        return "".join(self.parts)
+
+
+def precheck(code, n):
+    """Returns (compiled code or None, error text, whether the last expression is displayed)."""
+    if not code.strip():
+        return None, "No code available to execute.", False
+    try:
+        tree = ast.parse(code, f"<cell-{n}>", "exec")
+    except (SyntaxError, ValueError) as e:
+        line = (e.text or "").rstrip("\n") if isinstance(e, SyntaxError) else ""
+        msg = e.msg if isinstance(e, SyntaxError) else str(e)
+        return None, f"Execution failed. Traceback:\nSyntax error in line:\n{line}\nMessage: {msg}", False
+    ok_calls = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Await) and isinstance(node.value, ast.Call):
+            ok_calls.add(id(node.value))
+        if isinstance(node, ast.Call):
+            f = node.func
+            fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if fname in GATHERERS:
+                for sub in node.args + [k.value for k in node.keywords]:
+                    ok_calls.update(id(x) for x in ast.walk(sub) if isinstance(x, ast.Call))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                f"{node.value.id}.{node.attr}" in CONFIG["forbidden"]:
+            return None, f"ERROR: {node.value.id}.{node.attr}() is not allowed in the sandbox.", False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONFIG["async"] \
+                and id(node) not in ok_calls:
+            name = node.func.id
+            return None, (f"ERROR: {name}() requires 'await' to run. Use: result = await {name}(...) or "
+                          f"results = await asyncio.gather({name}(...), {name}(...))"), False
+    show = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";")
+    if show:
+        last = tree.body[-1]
+        tree.body[-1] = ast.copy_location(
+            ast.Assign(targets=[ast.Name("__cell_value__", ast.Store())], value=last.value), last)
+        ast.fix_missing_locations(tree)
+    return compile(tree, f"<cell-{n}>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), "", show
+
+
+def format_exception(exc, n, code_lines):
+    lines = ["Traceback (most recent call last):"]
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if fname.startswith("<cell-"):
+            frames.append((fname, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    if len(frames) > 8:
+        frames = frames[:3] + [None] + frames[-4:]
+    for fr in frames:
+        if fr is None:
+            lines.append("  ... (repeated frames omitted) ...")
+            continue
+        fname, lineno, func = fr
+        where = f"Cell In[{fname[6:-1]}], line {lineno}" + ("" if func == "<module>" else f", in {func}")
+        lines.append("  " + where)
+        if fname == f"<cell-{n}>" and 0 < lineno <= len(code_lines):
+            lines.append("    " + code_lines[lineno - 1].strip())
+    msg = str(exc)
+    lines.append(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
+    return "\n".join(lines) + "\n"
+
+
+def on_limit(kind):
+    def handler(signum, frame):
+        raise CellLimit(kind)
+    return handler
+
+
+def run_cell(ns, n, code, loop):
+    out = BoundedOut(CONFIG["out"])
+    err, ok, limit = "", True, None
+    compiled, err, show = precheck(code, n)
+    if compiled is None:
+        send({"t": "done", "out": "", "err": err, "ok": False})
+        return
+    sys.stdout = sys.stderr = out
+    _state["awaiting"] = 0
+    try:
+        signal.setitimer(signal.ITIMER_PROF, CONFIG["cpu_s"], 0.2)
+        signal.setitimer(signal.ITIMER_REAL, CONFIG["wall_s"], 0.2)
+        TRUSTED[0] = 0
+        if compiled.co_flags & 0x80:  # CO_COROUTINE: the cell uses top-level await
+            loop.run_until_complete(eval(compiled, ns))
+        else:
+            exec(compiled, ns)
+        value = ns.pop("__cell_value__", None)
+        if show and value is not None:
+            text = pprint.pformat(value)
+            out.write(text + "\n" if not out.size else f"Out[{n}]: {text}\n")
+    except CellLimit as e:
+        ok, limit = False, e.args[0] if e.args else "wall"
+    except MemoryError as e:
+        ok, limit = False, "memory"
+        TRUSTED[0] = 1
+        out.parts.append(format_exception(e, n, code.splitlines()))
+    except BaseException as e:  # noqa: BLE001  (SystemExit, KeyboardInterrupt included: the process lives on)
+        ok = False
+        TRUSTED[0] = 1
+        try:
+            out.write(format_exception(e, n, code.splitlines()))
+        except CellLimit:
+            limit = "output"
+    finally:
+        TRUSTED[0] = 1
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+    if limit is None and out.overflow:
+        limit = "output"
+    messages = {"cpu": f"the cell exceeded its CPU time limit ({CONFIG['cpu_s']:g} s) and was stopped",
+                "wall": f"the cell exceeded its wall-clock limit ({CONFIG['wall_s']:g} s) and was stopped",
+                "memory": f"the cell exceeded its memory limit ({CONFIG['memory'] >> 20} MiB)",
+                "output": f"the cell printed more than {CONFIG['out']} characters; output truncated and the "
+                          "cell stopped"}
+    if limit:
+        err = f"Error: {messages.get(limit, limit)}. Variables from earlier cells are kept."
+    send({"t": "done", "out": out.getvalue(), "err": err, "ok": ok, "limit": limit})
+
+
+def main():
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    os.set_blocking(0, False)
+    loop.add_reader(0, _on_readable)
+    signal.signal(signal.SIGPROF, on_limit("cpu"))
+    signal.signal(signal.SIGALRM, on_limit("wall"))
+    info = lockdown()
+    ns = new_namespace(loop)
+    send({"t": "ready", **info})
+    while True:
+        frame = recv()
+        if frame.get("t") == "cell":
+            run_cell(ns, frame.get("n", 0), frame.get("code", ""), loop)
+        elif frame.get("t") == "ret":
+            _dispatch(frame)
+
+
+if __name__ == "__main__":
+    main()
