@@ -230,10 +230,8 @@ class World:
         return self._observe(agent_id)
 
     def _observe(self, agent_id: str) -> tuple[str, dict]:
-        room = self.agent_locations.get(agent_id)
-        if room is None:
-            room = self.agent_locations[agent_id] = "kitchen"
-        return observation.render(self, room)
+        # Observing never changes state: an unknown agent is shown the kitchen until it acts (spec §6.2 item 1).
+        return observation.render(self, self.agent_locations.get(agent_id, "kitchen"))
 
     def fork(self) -> "World":
         """Returns a fully isolated copy of this world (static task tables are shared, being immutable)."""

@@ -197,3 +197,15 @@ def test_rooms_and_subagent_location():
     world.add_agent("root/subagent-0-0/subagent-1-0")  # a grandchild starts at the root's location
     assert world.agent_locations["root/subagent-0-0/subagent-1-0"] == "garden"
     assert world.observe("someone-new").startswith("You are in the kitchen.")
+
+
+def test_observing_never_changes_state():
+    world = make_world(TASKS["conflict_hard_0022"])
+    digest = world.digest()
+    for agent in ("root", "stranger", "root/subagent-0-0"):
+        world.observe(agent)
+        world.observe_full(agent)
+        world.valid_actions(agent)
+    world.get_object_tree()
+    world.check("root")
+    assert world.digest() == digest and world.steps == 0 and world.get_events() == []
