@@ -1,0 +1,55 @@
+"""The engine's request/response records: what the agent runtime sends and what it gets back for one turn."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, Sequence
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn. ``temperature`` 0 means greedy; ``top_p`` 1.0 means no nucleus cut.
+
+    ``stop_ids`` end the turn when generated (included in the output); ``stop_strings`` end it once the decoded
+    completion contains one (output cut right after the token that completes it, which is included).
+    """
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    """One finished turn.
+
+    ``logprobs[i]`` is log p(token_ids[i]) under the policy at temperature 1 (CISPO's behaviour logprob), whatever
+    temperature sampled it. ``finish_reason`` is ``stop_id`` | ``stop_string`` | ``length`` | ``cancelled``.
+    ``prefill_tokens`` counts prompt tokens actually computed (the rest came from the prefix cache).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    policy_version: int
+    finish_reason: str
+    prompt_len: int
+    cached_prompt_tokens: int = 0
+
+
+class Generator(Protocol):
+    """What the agent runtime awaits for every turn (the engine, or a scripted test double)."""
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                       key: jax.Array | None = None) -> GenerationResult: ...
