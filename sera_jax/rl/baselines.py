@@ -1,4 +1,5 @@
-"""Baselines and weights that turn datum rewards into advantages (spec §5.1–5.6).
+"""Baselines and weights that turn datum rewards into advantages (spec §5.1–5.6), and the per-task-group
+assembly ``task_group_credit`` (datums + advantages + the zero-variance verdict of §5.6).
 
 Array functions (``loo_advantages``, ``execution_advantages``, ``root_balanced_advantages``, ``depth_weights``,
 ``gamma_depth_weights``) are the specification; the ``assign_*`` / ``apply_*`` helpers apply them to lists of
@@ -8,7 +9,7 @@ Array functions (``loo_advantages``, ``execution_advantages``, ``root_balanced_a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -17,12 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from sera_jax.rl.datums import Datum
+from sera_jax.agents.records import Tree, TreeIndex
+from sera_jax.rl.datums import Datum, delegation_datums, execution_datums, rubric_datums
+from sera_jax.rl.rewards import env_success
+from sera_jax.rl.stages import MethodConfig
 
 __all__ = [
     "loo_advantages", "execution_advantages", "root_balanced_advantages", "depth_weights", "gamma_depth_weights",
     "is_zero_variance", "step_is_skipped", "assign_execution_advantages", "assign_delegation_advantages",
-    "assign_rubric_advantages", "apply_depth_weights",
+    "assign_rubric_advantages", "apply_depth_weights", "GroupCredit", "task_group_credit",
 ]
 
 
@@ -145,3 +149,70 @@ def apply_depth_weights(datums: Sequence[Datum], gamma: float | None = None) -> 
         traj[d.traj_depth] = traj.get(d.traj_depth, 0) + d.traj_start
     w = depth_weights(traj, cnt)
     return _with(live, [d.scalar * w[d.traj_depth] for d in live])
+
+
+# ------------------------------------------------------------------------------------------ one task group
+
+@dataclasses.dataclass(frozen=True)
+class GroupCredit:
+    """The advantaged datums of one task group (before depth weighting) and whether the group is accepted."""
+
+    datums: list[Datum]
+    accepted: bool
+
+
+def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *,
+                      decode: Callable[[list[int]], str] | None = None, env: str = "textcraft",
+                      filter_zero_variance: bool | None = None) -> GroupCredit:
+    """Returns the stage's datums for the G root rollouts of one task, with advantages, and the §5.6 verdict.
+
+    execution: rewards per ``method.execution_reward``, TextCraft error filter, root-reward LOO; a zero-variance
+    group is rejected when ``filter_zero_variance`` (default: TextCraft) else kept as non-trainable.
+    delegation: launch datums (``decode`` required), leaf-coverage reward, ``method.launch_advantage_mode``;
+    rejected with G < 2, no launch datum, or all-equal advantages.
+    rubric_generation: one datum per ranked fork group, LOO over them; always accepted.
+    Rollout indices are re-numbered 0..G−1 in the order given.
+    """
+    trees = [dataclasses.replace(t, root_rollout_index=i) for i, t in enumerate(trees)]
+    if stage == "execution":
+        ds = [d for t in trees for d in execution_datums(t, mode=method.execution_reward,
+                                                          filter_errors=env == "textcraft")]
+        roots = [env_success(t.nodes[TreeIndex.build(t).root]) for t in trees]
+        ds = assign_execution_advantages(ds, roots)
+        reject = env == "textcraft" if filter_zero_variance is None else filter_zero_variance
+        if is_zero_variance([d.scalar for d in ds]):
+            if reject:
+                return GroupCredit([], False)
+            ds = [dataclasses.replace(d, trainable=False) for d in ds]
+        return GroupCredit(ds, True)
+    if stage == "delegation":
+        if decode is None:
+            raise ValueError("delegation credit needs the tokenizer's decode")
+        if method.launch_credit_mode != "leaf":
+            raise NotImplementedError("workload credit needs gold plans, which the records do not carry yet")
+        if len(trees) < 2:
+            return GroupCredit([], False)
+        ds = [d for t in trees for d in delegation_datums(
+            t, decode, env=env, invalid_reward=method.invalid_delegation_reward,
+            success_gate=method.subagent_success_gate)]
+        if not ds:
+            return GroupCredit([], False)
+        mode = method.launch_advantage_mode
+        if mode == "reward_first_root_balanced":
+            ds = assign_delegation_advantages(ds, len(trees))
+        elif mode == "reward_first_flat":
+            ds = _with(ds, np.asarray(loo_advantages([d.scalar for d in ds], [0] * len(ds))))
+        elif mode == "credit_weighted_root":
+            R = np.array([env_success(t.nodes[TreeIndex.build(t).root]) for t in trees])
+            loo = R - (R.sum() - R) / (len(R) - 1)
+            ds = _with(ds, [d.meta["weight"] * loo[d.rollout_index] for d in ds])
+        else:
+            raise ValueError(f"unknown launch advantage mode {mode!r}")
+        if method.delegation_filter_zero_variance_groups and is_zero_variance([d.scalar for d in ds]):
+            return GroupCredit([], False)
+        return GroupCredit(ds, True)
+    if stage == "rubric_generation":
+        ds = rubric_datums(trees, objective=method.ranking_objective, margin=method.ranking_margin,
+                           scale=method.discrimination_scale)
+        return GroupCredit(assign_rubric_advantages(ds), True)
+    raise ValueError(f"unknown stage {stage!r}")

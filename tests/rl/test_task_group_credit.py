@@ -1,0 +1,86 @@
+"""One task group → advantaged datums and the §5.6 accept / reject / non-trainable verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rl_builders import node, tree, turn
+from sera_jax.agents.records import Branch, ForkGroup, RubricScore
+from sera_jax.rl.baselines import apply_depth_weights, task_group_credit
+from sera_jax.rl.stages import method_config
+
+SERA = method_config("SERA")
+
+
+def _exec_trees(root_successes, sub_score=None):
+    out = []
+    for i, R in enumerate(root_successes):
+        nodes = [node("r", turns=[turn(0, [1, 2], [3, 4])], success=float(R))]
+        if sub_score is not None and i == 0:
+            nodes.append(node("s", parent="r", fork_step=0, depth=1, turns=[turn(0, [5], [6])], success=1.0,
+                              rubric_score=RubricScore(sub_score, sub_score > 0, 1.0)))
+        out.append(tree(f"t{i}", nodes, index=99))  # indices are re-numbered from the list order
+    return out
+
+
+def test_execution_group_advantages_and_zero_variance_rules():
+    g = task_group_credit("execution", _exec_trees([1, 0, 0, 1, 0, 0, 0, 0], sub_score=0.7), SERA)
+    assert g.accepted
+    got = {(d.rollout_index, d.node_id): d.scalar for d in g.datums}
+    assert got[(0, "r")] == pytest.approx(0.857143, abs=1e-6) and got[(0, "s")] == pytest.approx(0.557143, abs=1e-6)
+    assert got[(1, "r")] == pytest.approx(-0.285714, abs=1e-6)
+    flat = _exec_trees([1] * 8)
+    assert task_group_credit("execution", flat, SERA).accepted is False          # TextCraft: rejected
+    tw = task_group_credit("execution", flat, SERA, env="textworld")            # TextWorld: kept, not trained
+    assert tw.accepted and len(tw.datums) == 8 and not any(d.trainable for d in tw.datums)
+    assert apply_depth_weights(tw.datums) == []
+    # RAO: the sub-agent's env success (1.0 here), not its score
+    rao = task_group_credit("execution", _exec_trees([1, 0], sub_score=0.7), method_config("RAO"))
+    assert {d.node_id: d.scalar for d in rao.datums if d.rollout_index == 0} == {"r": 1.0, "s": 1.0}
+
+
+def _launching(bpe, index, R, launch):
+    code = 'x = await launch_subagent({"c": 1})'
+    text = f"<python>{code}</python>"
+    nodes = [node("r", turns=[turn(0, [7], bpe.encode(text).ids, code=code, text=text)], success=float(R))]
+    if launch:
+        nodes.append(node("c", parent="r", fork_step=0, depth=1))
+    else:
+        nodes[0].turns[0].code = "y = 1"
+        nodes[0].turns[0].completion_text = "<python>y = 1</python>"
+    return tree(f"t{index}", nodes, index=index)
+
+
+def test_delegation_group_verdicts(bpe, decode):
+    trees = [_launching(bpe, 0, 1, True), _launching(bpe, 1, 0, True), _launching(bpe, 2, 1, False)]
+    g = task_group_credit("delegation", trees, SERA, decode=decode)
+    assert g.accepted
+    np.testing.assert_allclose([d.scalar for d in g.datums], [1 - 0 / 2, 0 - 1 / 2])
+    flat_method = dataclasses.replace(SERA, launch_advantage_mode="reward_first_flat")
+    flat = task_group_credit("delegation", trees, flat_method, decode=decode)
+    np.testing.assert_allclose([d.scalar for d in flat.datums], [1.0, -1.0])
+    assert not task_group_credit("delegation", trees[2:], SERA, decode=decode).accepted     # G < 2
+    none = [_launching(bpe, i, 1, False) for i in range(3)]
+    assert not task_group_credit("delegation", none, SERA, decode=decode).accepted          # no launch datum
+    same = [_launching(bpe, i, 1, True) for i in range(3)]
+    assert not task_group_credit("delegation", same, SERA, decode=decode).accepted          # all-equal advantages
+    with pytest.raises(ValueError):
+        task_group_credit("delegation", trees, SERA)
+
+
+def test_rubric_group_k1_and_placeholder(bpe):
+    def group(gid, scores, labels):
+        rt = turn(0, [1, 2], bpe.encode('{"rubric_items": []}').ids)
+        return ForkGroup(gid, "r", 0, 1, rubric_turn=rt, rubric={"rubric_items": []},
+                         branches=[Branch(b, f"{gid}{b}", 1, success=y, score=s)
+                                   for b, (s, y) in enumerate(zip(scores, labels))])
+    one = [tree("t0", [node("r")], fork_groups=[group("g", [0.9, 0.1], [True, False])])]
+    (d,) = task_group_credit("rubric_generation", one, SERA).datums
+    assert d.trainable and d.scalar == 0.0  # K = 1: emitted with zero advantage (still in the token count)
+    empty = task_group_credit("rubric_generation", [tree("t0", [node("r")])], SERA)
+    assert empty.accepted and [x.trainable for x in empty.datums] == [False]
+    with pytest.raises(ValueError):
+        task_group_credit("training", one, SERA)
