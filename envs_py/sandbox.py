@@ -217,7 +217,7 @@ class Sandbox:
         """Runs one cell in this agent's namespace; returns its observation (never raises on cell behaviour)."""
         restarted = False
         if self.proc is None or self.proc.poll() is not None:
-            restarted = self._cells > 0 or self.proc is not None
+            restarted = self._cells > 0  # it died between cells: say so
             await self.start()
         self._cells += 1
         self._send({"t": "cell", "n": self._cells, "code": code if isinstance(code, str) else str(code)})
@@ -249,6 +249,8 @@ class Sandbox:
                     return self._lost(why, f"Error: {detail} while running the cell.")
                 kind = msg.get("t")
                 if kind == "done":
+                    if msg.get("n") != self._cells:
+                        continue  # a stale or forged frame of another cell
                     limit = msg.get("limit")
                     return CellResult(str(msg.get("out", ""))[: self.limits.output_chars + 200],
                                       str(msg.get("err", ""))[:4000], msg.get("ok") is True,
@@ -302,6 +304,7 @@ class Sandbox:
 
     def _lost(self, why: str, text: str) -> CellResult:
         self.kill()
+        self._cells = 0  # this observation tells the agent; the next cell starts fresh without repeating it
         return CellResult("", text + " Variables from earlier cells were lost; the next cell starts in a fresh "
                           "namespace.", ok=False, limit=why, restarted=True)
 

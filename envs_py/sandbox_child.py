@@ -390,7 +390,7 @@ def run_cell(ns, n, code, loop):
     err, ok, limit = "", True, None
     compiled, err, show = precheck(code, n)
     if compiled is None:
-        send({"t": "done", "out": "", "err": err, "ok": False})
+        send({"t": "done", "n": n, "out": "", "err": err, "ok": False})
         return
     sys.stdout = sys.stderr = out
     _state["awaiting"] = 0
@@ -435,7 +435,7 @@ def run_cell(ns, n, code, loop):
                           "cell stopped"}
     if limit:
         err = f"Error: {messages.get(limit, limit)}. Variables from earlier cells are kept."
-    send({"t": "done", "out": out.getvalue(), "err": err, "ok": ok, "limit": limit})
+    send({"t": "done", "n": n, "out": out.getvalue(), "err": err, "ok": ok, "limit": limit})
 
 
 def main():
