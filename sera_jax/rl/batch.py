@@ -60,12 +60,13 @@ def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
 
 def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
                 buckets: Sequence[int] = DEFAULT_BUCKETS, row_len: int | None = None,
-                num_tokens: int | None = None, pad_id: int = 0) -> PackedStep:
+                num_tokens: int | None = None, pad_id: int = 0, advantage_clip: float | None = 20.0) -> PackedStep:
     """Returns the datums packed into equal-shape micro-batches of at most ``token_budget`` tokens.
 
     ``row_len`` fixes T (else the smallest bucket holding the longest sequence); ``num_tokens`` overrides the
-    global loss-token count (pass the all-ranks total when each rank packs only its share). Datums with fewer than
-    two tokens carry no target and are left out (their placement is (-1, -1, -1, 0)).
+    global loss-token count (pass the all-ranks total when each rank packs only its share). Advantages are clipped to
+    ±``advantage_clip`` (the reference trainer's default of 20; None = no clip). Datums with fewer than two tokens
+    carry no target and are left out (their placement is (-1, -1, -1, 0)).
     """
     lengths = [max(len(d.tokens) - 1, 0) for d in datums]
     longest = max(lengths, default=1)
@@ -110,7 +111,8 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
         arr["positions"][row, sl] = np.arange(n)
         arr["segment_ids"][row, sl] = seg
         flt["loss_mask"][row, sl] = m
-        flt["advantages"][row, sl] = m * np.float32(d.scalar)
+        adv = d.scalar if advantage_clip is None else min(max(d.scalar, -advantage_clip), advantage_clip)
+        flt["advantages"][row, sl] = m * np.float32(adv)
         flt["old_logprobs"][row, sl] = np.asarray(d.logprobs[1:], np.float32)
         placements.append((row // rows_per_micro, row % rows_per_micro, start, n))
 

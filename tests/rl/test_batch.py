@@ -75,3 +75,14 @@ def test_budget_and_edge_cases():
         pack_datums(ds, row_len=8)
     empty = pack_datums([], token_budget=512, buckets=(256,))
     assert len(empty.micro_batches) == 1 and int(empty.micro_batches[0].num_tokens) == 0
+
+
+def test_advantages_clip_at_20_by_default():
+    big = Datum((1, 2, 3), (0, 1, 1), (0.0, -0.1, -0.2), (-1, 1, 1), 35.0, "execution", 0, 1)
+    neg = Datum((1, 2), (0, 1), (0.0, -0.1), (-1, 1), -21.0, "execution", 0, 1)
+    step = pack_datums([big, neg], buckets=(8,))
+    adv = np.asarray(step.micro_batches[0].advantages)
+    assert adv.max() == 20.0 and adv.min() == -20.0
+    raw = np.asarray(pack_datums([big], buckets=(8,), advantage_clip=None).micro_batches[0].advantages)
+    assert raw.max() == 35.0
+

@@ -138,7 +138,9 @@ def test_delegation_skips_missing_completion_and_unplaceable_code(bpe, decode):
 
 def _group(gid, scores, labels, bpe, *, depth=1, skipped=False, rubric=True):
     rt = turn(0, bpe.encode("write a rubric").ids, bpe.encode('{"rubric_items": []}').ids)
+    scorer = [turn(1, [1400 + b], [1500 + b, 1600 + b]) for b in range(len(scores))]  # ids the BPE never makes
     return ForkGroup(id=gid, parent_id="root", fork_step=0, child_depth=depth, skipped=skipped, rubric_turn=rt,
+                     score_turns=scorer,
                      rubric={"rubric_items": []} if rubric else None,
                      branches=[Branch(b, f"{gid}b{b}", depth, success=y, score=s)
                                for b, (s, y) in enumerate(zip(scores, labels))])
@@ -160,6 +162,7 @@ def test_rubric_datums_one_per_ranked_group(bpe):
     rt = t0.fork_groups[0].rubric_turn
     assert ds[0].tokens == tuple(rt.prompt_ids + rt.completion_ids)
     assert sum(ds[0].mask) == len(rt.completion_ids) and ds[0].mask[-1] == 1
+    assert not any(tok >= 1400 for d in ds for tok in d.tokens)  # scorer calls are never trained
     rd = rubric_datums([t0], objective="order_discrimination")
     assert rd[0].scalar == pytest.approx(0.7983453, abs=1e-6)
     (ph,) = rubric_datums([tree("t2", [node("root")], fork_groups=[_group("g5", S, [False] * 8, bpe)])])
