@@ -195,7 +195,7 @@ def test_hostile_suite_is_large_enough():
 
 def test_limits_report_kind_and_namespace_policy(loop):
     async def main():
-        sb = Sandbox([], [], LIMITS)
+        sb = Sandbox([], [], Limits(cpu_s=0.5, wall_s=4.0, grace_s=1.0, memory_mb=512, output_chars=4000))
         await sb.run_cell("keep = 1", lambda *a: None)
         cpu = await sb.run_cell("while True:\n    pass", lambda *a: None)
         kept = await sb.run_cell("keep", lambda *a: None)
@@ -210,4 +210,4 @@ def test_limits_report_kind_and_namespace_policy(loop):
     assert cpu.limit == "cpu" and "Variables from earlier cells are kept" in cpu.error and kept.output == "1\n"
     assert killed.limit == "killed" and killed.restarted and "were lost" in killed.error
     assert "NameError" in lost.output and not lost.restarted
-    assert mem.limit == "memory" and out.limit == "output" and len(out.output) == LIMITS.output_chars
+    assert mem.limit == "memory" and out.limit == "output" and len(out.output) == 4000
