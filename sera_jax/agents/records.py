@@ -14,7 +14,7 @@ Schema (field: type — meaning)
     logprobs: list[float]         — behaviour logprob of each completion token (len == len(completion_ids))
     policy_version: int           — the policy version that generated this completion
     completion_id: str | None     — None for synthetic turns (loop breaker): they produce no datum
-    completion_text: str          — the decoded completion, special tokens kept (used to place launch spans)
+    completion_text: str          — the decoded completion, special tokens kept (credit re-decodes the ids)
     thought: str, code: str       — the parsed action (TextCraft cell; TextWorld: the whole reply text)
     output: str, error: str       — observation / cell output and the error line ("" when none)
     reward: float                 — step reward

@@ -142,7 +142,7 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: st
                 continue
             if turn.completion_id is None or not turn.completion_ids:
                 continue
-            cmask = launch_token_mask(turn.code, turn.completion_ids, turn.completion_text, decode, env=env)
+            cmask = launch_token_mask(turn.code, turn.completion_ids, decode, env=env)
             if not any(cmask):
                 continue
             scalar = ev.reward if ev is not None else float(invalid_reward)

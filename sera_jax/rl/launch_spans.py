@@ -129,10 +129,14 @@ def spans_to_token_mask(spans: Sequence[Span], prefix_lengths: Sequence[int], nu
     return mask
 
 
-def launch_token_mask(code: str, completion_ids: Sequence[int], completion_text: str,
-                      decode: Callable[[list[int]], str], *, env: str = "textcraft") -> list[int]:
+def launch_token_mask(code: str, completion_ids: Sequence[int], decode: Callable[[list[int]], str], *,
+                      env: str = "textcraft") -> list[int]:
     """Returns the launch mask over ``completion_ids`` (all zeros when there is no launch or the code cannot be
-    placed in the completion). ``env`` = "textcraft" (AST statements) or "textworld" (delegate blocks)."""
+    placed in the completion). ``env`` = "textcraft" (AST statements) or "textworld" (delegate blocks).
+
+    The code is located in ``decode(completion_ids)`` — the same decode the prefix lengths use — rather than in
+    any stored text, so spans and token boundaries can never disagree (e.g. over an appended ``</python>``).
+    """
     if env == "textcraft":
         spans = launch_statement_spans(code)
     elif env == "textworld":
@@ -141,7 +145,7 @@ def launch_token_mask(code: str, completion_ids: Sequence[int], completion_text:
         raise ValueError(f"unknown env {env!r}")
     if not spans:
         return [0] * len(completion_ids)
-    placed = place_spans(code, spans, completion_text)
+    placed = place_spans(code, spans, decode(list(completion_ids)))
     if not placed:
         return [0] * len(completion_ids)
     # Tokens past the last span's end are never marked, so stop decoding once the prefix covers it.

@@ -129,7 +129,7 @@ def test_masks_cover_exactly_the_launch_statements(case, bpe, decode):
     assert launch_statement_spans(code) == expected
     completion = "<thought>go</thought>\n<python>" + code + "</python><|im_end|>"
     ids = bpe.encode(completion).ids
-    mask = launch_token_mask(code, ids, decode(ids), decode)
+    mask = launch_token_mask(code, ids, decode)
     pl = decoded_prefix_lengths(ids, decode)
     off = completion.index(code)
     chars = {c for s, e in expected for c in range(s + off, e + off)}
@@ -143,11 +143,11 @@ def test_masks_cover_exactly_the_launch_statements(case, bpe, decode):
 def test_launch_token_mask_textworld_and_missing_code(bpe, decode):
     reply = 'Split it.\n<delegate goal="open the chest">take key, unlock chest</delegate>'
     ids = bpe.encode(reply).ids
-    mask = launch_token_mask(reply, ids, decode(ids), decode, env="textworld")
+    mask = launch_token_mask(reply, ids, decode, env="textworld")
     pl = decoded_prefix_lengths(ids, decode)
     first = mask.index(1)
     assert pl[first] <= reply.index("<delegate") < pl[first + 1]
     assert sum(mask) < len(ids) and mask[-1] == 1
-    assert launch_token_mask("r = await launch_subagent({})", ids, decode(ids), decode) == [0] * len(ids)
+    assert launch_token_mask("r = await launch_subagent({})", ids, decode) == [0] * len(ids)
     with pytest.raises(ValueError):
-        launch_token_mask(reply, ids, decode(ids), decode, env="minecraft")
+        launch_token_mask(reply, ids, decode, env="minecraft")
