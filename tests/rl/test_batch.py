@@ -86,3 +86,19 @@ def test_advantages_clip_at_20_by_default():
     raw = np.asarray(pack_datums([big], buckets=(8,), advantage_clip=None).micro_batches[0].advantages)
     assert raw.max() == 35.0
 
+
+
+def test_micro_batch_fields_match_their_jaxtyping_annotations():
+    import typing
+
+    from sera_jax.rl.batch import MicroBatch
+
+    rng = np.random.default_rng(4)
+    mb = pack_datums(random_datums(rng, 5), buckets=(64,)).micro_batches[0]
+    hints = typing.get_type_hints(MicroBatch)
+    assert set(hints) == {"tokens", "targets", "positions", "segment_ids", "loss_mask", "advantages",
+                          "old_logprobs", "num_tokens"}
+    for name, hint in hints.items():
+        assert isinstance(getattr(mb, name), hint), name
+    assert len({getattr(mb, n).shape for n in hints if n != "num_tokens"}) == 1
+    assert not isinstance(mb.loss_mask, hints["tokens"])  # the check is real: float is not Int
