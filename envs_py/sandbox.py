@@ -314,3 +314,50 @@ async def _call(handler: ToolHandler, name: str, args: tuple, kwargs: dict) -> A
     if inspect.isawaitable(value):
         value = await value
     return value
+
+
+class SandboxPool:
+    """Pre-started sandboxes of one configuration, so a new agent's first cell need not wait ~0.2 s for a
+    process start. ``acquire()`` returns a started :class:`Sandbox` owned by the caller from then on (one per
+    agent; close it when the agent's tree is dropped) and starts a replacement in the background."""
+
+    def __init__(self, sync_tools=(), async_tools=(), limits: Limits = Limits(), spares: int = 2):
+        self.args = (tuple(sync_tools), tuple(async_tools), limits)
+        self.spares = spares
+        self._ready: list[Sandbox] = []
+        self._starting: set[asyncio.Task] = set()
+
+    async def _start_one(self) -> None:
+        sb = Sandbox(*self.args)
+        try:
+            await sb.start()
+        except Exception:  # noqa: BLE001  (a failed spare is just not added; acquire() starts its own)
+            sb.kill()
+            return
+        self._ready.append(sb)
+
+    def _refill(self) -> None:
+        while len(self._ready) + len(self._starting) < self.spares:
+            task = asyncio.ensure_future(self._start_one())
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def acquire(self) -> Sandbox:
+        """Returns a started sandbox (a spare if one is ready)."""
+        while self._ready:
+            sb = self._ready.pop()
+            if sb.proc is not None and sb.proc.poll() is None:
+                self._refill()
+                return sb
+        sb = Sandbox(*self.args)
+        await sb.start()
+        self._refill()
+        return sb
+
+    async def close(self) -> None:
+        """Stops the spares (acquired sandboxes belong to their users)."""
+        for task in list(self._starting):
+            task.cancel()
+        for sb in self._ready:
+            sb.kill()
+        self._ready.clear()

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Awaitable, Callable
 
 from envs_py.core import CheckResult, Task
-from envs_py.sandbox import Limits, Sandbox
+from envs_py.sandbox import Limits, Sandbox, SandboxPool
 from envs_py.textcraft.tasks import DEFAULT_MAX_STEPS
 from envs_py.textcraft.world import ASYNC_TOOLS, SYNC_TOOLS, TextCraftWorld
 
@@ -21,15 +21,20 @@ Launch = Callable[[str, dict], Awaitable[str]]
 class TextCraftSession:
     """A tree's world and its agents' sandboxes. Public methods are what the worker client may call."""
 
-    def __init__(self, world: TextCraftWorld, limits: Limits = Limits()):
+    def __init__(self, world: TextCraftWorld, limits: Limits = Limits(), pool: SandboxPool | None = None):
         self.world = world
         self.limits = limits
+        self.pool = pool
         self.sandboxes: dict[str, Sandbox] = {}
 
     @classmethod
-    def from_task(cls, task: Task, max_steps: int = DEFAULT_MAX_STEPS, limits: Limits | None = None):
-        """Returns a session whose world is reset to ``task``; ``max_steps`` is the per-agent cell budget."""
-        return cls(TextCraftWorld.from_task(task, max_steps=max_steps), limits or Limits())
+    def from_task(cls, task: Task, max_steps: int = DEFAULT_MAX_STEPS, limits: Limits | None = None,
+                  sandbox_spares: int = 0):
+        """Returns a session whose world is reset to ``task``; ``max_steps`` is the per-agent cell budget.
+        ``sandbox_spares`` > 0 draws agents' sandboxes from a per-process pool of that many pre-started ones."""
+        limits = limits or Limits()
+        pool = _shared_pool(limits, sandbox_spares) if sandbox_spares > 0 else None
+        return cls(TextCraftWorld.from_task(task, max_steps=max_steps), limits, pool)
 
     async def run_cell(self, agent_id: str, code: str, launch: Launch | None = None) -> dict:
         """Runs one cell of ``agent_id``; returns the CellResult fields plus ``finished`` (finish() was called)."""
@@ -38,7 +43,8 @@ class TextCraftSession:
                     "restarted": False, "finished": False}
         sb = self.sandboxes.get(agent_id)
         if sb is None:
-            sb = self.sandboxes[agent_id] = Sandbox(SYNC_TOOLS, ASYNC_TOOLS, self.limits)
+            sb = await self.pool.acquire() if self.pool is not None else Sandbox(SYNC_TOOLS, ASYNC_TOOLS, self.limits)
+            self.sandboxes[agent_id] = sb
 
         async def launch_tool(args: tuple, kwargs: dict) -> str:
             try:
@@ -67,7 +73,7 @@ class TextCraftSession:
 
     def fork(self) -> "TextCraftSession":
         """Returns a branch: an isolated world copy; its agents get fresh sandboxes."""
-        return TextCraftSession(self.world.fork(), self.limits)
+        return TextCraftSession(self.world.fork(), self.limits, self.pool)
 
     def commit(self, branch: "TextCraftSession") -> None:
         """Adopts a branch's world state (shared inventory updated in place)."""
@@ -92,3 +98,14 @@ class TextCraftSession:
     def view_inventory(self) -> dict:
         """Returns a copy of the shared inventory."""
         return dict(self.world.inventory)
+
+
+_POOLS: dict[tuple, SandboxPool] = {}
+
+
+def _shared_pool(limits: Limits, spares: int) -> SandboxPool:
+    # One pool per process (env workers run one event loop), per limits configuration.
+    key = (limits, spares)
+    if key not in _POOLS:
+        _POOLS[key] = SandboxPool(SYNC_TOOLS, ASYNC_TOOLS, limits, spares)
+    return _POOLS[key]

@@ -85,3 +85,19 @@ def test_registry_is_environment_agnostic(task):
         asyncio.run(main())
     finally:
         ENV_FACTORIES.pop("tc-world")
+
+
+def test_prewarmed_sandboxes_serve_new_agents(task):
+    async def main():
+        async with WorkerPool(1) as pool:
+            await pool.create("p", "textcraft", task, sandbox_spares=2)
+            await pool.run_cell("p", "root", "x = 1")  # first cell starts the pool
+            await asyncio.sleep(1.0)  # spares come up in the background
+            for i in range(3):
+                await pool.call("p", "add_agent", f"c{i}", {"o3_i1": 4}, "root")
+            outs = await asyncio.gather(*(pool.run_cell("p", f"c{i}", f"print({i})") for i in range(2)))
+            assert [o["output"] for o in outs] == ["0\n", "1\n"]
+            r = await pool.run_cell("p", "c2", "print(x if 'x' in dir() else 'fresh')")
+            assert r["output"] == "fresh\n"  # every agent has its own namespace
+
+    asyncio.run(main())
