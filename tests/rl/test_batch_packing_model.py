@@ -23,7 +23,7 @@ def test_packed_logprobs_equal_unpacked(tiny_qwen):
     rows = np.zeros((len(ds), width), np.int32)
     for i, d in enumerate(ds):
         rows[i, :len(d.tokens)] = d.tokens
-    alone = np.asarray(token_logprobs(params, cfg, rows[:, :-1], rows[:, 1:]))
+    alone = np.asarray(jax.jit(lambda p, t, y: token_logprobs(p, cfg, t, y))(params, rows[:, :-1], rows[:, 1:]))
     for i, (b, r, s, n) in enumerate(step.placements):
         np.testing.assert_allclose(packed[b][r, s:s + n], alone[i, :n], rtol=1e-5, atol=1e-5)
     # The segment ids are what isolates neighbours: without them a later sequence's logprobs change.
