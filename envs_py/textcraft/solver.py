@@ -95,11 +95,9 @@ def solve(book: RecipeBook, inventory: Mapping[str, int], targets: Mapping[str, 
         item = max(pending, key=book.crafting_depth)
         planned.add(item)
         r = book.recipe(item)
+        # Net increase: a target's held units never count, so produce its amount plus what others consume.
         have = 0 if item in targets else inventory.get(item, 0)
         lacking = demand[item] - have
-        if item in targets:
-            # Net increase: produce the target amount plus whatever other crafts consume of it.
-            lacking = demand[item]
         if lacking <= 0:
             continue
         e = _ceil_div(lacking, r.result_count)

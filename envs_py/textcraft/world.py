@@ -67,7 +67,11 @@ class TextCraftWorld:
         return f"Your Goal: {goal}\nBudget: You have a total budget of {self.max_steps} steps to complete this task."
 
     def step(self, agent_id: str, action: Any) -> StepResult:
-        """Applies one tool call ``(name, args, kwargs)``; returns its value in ``infos["value"]`` and as text."""
+        """Applies one tool call ``(name, args, kwargs)``; returns its value in ``infos["value"]`` and as text.
+
+        A model's *cell* (many tool calls) is run by :class:`envs_py.textcraft.session.TextCraftSession`; each
+        of its tool calls arrives here (via ``call_tool``) as one validated action.
+        """
         try:
             name, args, kwargs = action
         except (TypeError, ValueError):
@@ -102,7 +106,8 @@ class TextCraftWorld:
 
     def digest(self) -> str:
         """Returns a sha256 of the inventory and every agent record (equal digests = equal states)."""
-        state = [sorted((k, v) for k, v in self.inventory.items() if v), [r.state() for _, r in sorted(self.agents.items())]]
+        inventory = sorted((k, v) for k, v in self.inventory.items() if v)
+        state = [inventory, [r.state() for _, r in sorted(self.agents.items())]]
         return hashlib.sha256(json.dumps(state, separators=(",", ":")).encode()).hexdigest()
 
     # -- agents ----------------------------------------------------------------------------------------------
@@ -153,7 +158,7 @@ class TextCraftWorld:
 
     def tools(self, agent_id: str) -> dict[str, Callable[..., Any]]:
         """Returns the synchronous tools bound to one agent (name -> callable), as a cell sees them."""
-        book, inv = self.book, self.inventory
+        book = self.book
 
         def get_info(items):
             return tools.get_info(book, self.inventory, items)
@@ -171,7 +176,6 @@ class TextCraftWorld:
                 rec.finish_message = text
             return text
 
-        del inv
         return {"get_info": get_info, "view_inventory": view_inventory, "craft": craft, "finish": finish}
 
     def finished(self, agent_id: str) -> bool:
