@@ -397,7 +397,8 @@ def run_cell(ns, n, code, loop):
     if compiled is None:
         send({"t": "done", "n": n, "out": "", "err": err, "ok": False})
         return
-    sys.stdout = sys.stderr = out
+    errs = BoundedOut(CONFIG["out"])
+    sys.stdout, sys.stderr = out, errs  # stderr is the observation's error text, as upstream
     _state["awaiting"] = 0
     try:
         signal.setitimer(signal.ITIMER_PROF, CONFIG["cpu_s"], 0.2)
@@ -431,15 +432,16 @@ def run_cell(ns, n, code, loop):
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         for task in asyncio.all_tasks(loop):
             task.cancel()
-    if limit is None and out.overflow:
+    if limit is None and (out.overflow or errs.overflow):
         limit = "output"
+    err = errs.getvalue()
     messages = {"cpu": f"the cell exceeded its CPU time limit ({CONFIG['cpu_s']:g} s) and was stopped",
                 "wall": f"the cell exceeded its wall-clock limit ({CONFIG['wall_s']:g} s) and was stopped",
                 "memory": f"the cell exceeded its memory limit ({CONFIG['memory'] >> 20} MiB)",
                 "output": f"the cell printed more than {CONFIG['out']} characters; output truncated and the "
                           "cell stopped"}
     if limit:
-        err = f"Error: {messages.get(limit, limit)}. Variables from earlier cells are kept."
+        err += f"Error: {messages.get(limit, limit)}. Variables from earlier cells are kept."
     send({"t": "done", "n": n, "out": out.getvalue(), "err": err, "ok": ok, "limit": limit})
 
 

@@ -6,7 +6,7 @@ one tree's world; :class:`TextCraftSession` adds sandboxed cells (the object env
 ``gold_plan`` produce craft plans; ``DEFAULT_MAX_STEPS`` (20) is the per-agent cell budget, a runtime setting.
 """
 
-from envs_py.textcraft.cells import is_stuck, observation_text, parse_reply
+from envs_py.textcraft.cells import is_stuck, observation_text, parse_reply, subagent_result_text
 from envs_py.textcraft.generator import generate_tasks
 from envs_py.textcraft.recipes import RecipeBook, official_recipes, recipe_book
 from envs_py.textcraft.solver import gold_plan, simulate, solve
@@ -25,4 +25,4 @@ def __getattr__(name):
 
 __all__ = ["DEFAULT_MAX_STEPS", "RecipeBook", "TextCraftSession", "TextCraftWorld", "generate_tasks", "gold_plan",
            "is_stuck", "load_tasks", "observation_text", "official_recipes", "parse_reply", "recipe_book",
-           "save_tasks", "simulate", "solve"]
+           "save_tasks", "simulate", "solve", "subagent_result_text"]

@@ -48,3 +48,10 @@ def is_stuck(codes: Sequence[str], threshold: int = 4, max_period: int = 3) -> b
         if len(window) == threshold * p and all(window[i] == window[i % p] for i in range(len(window))):
             return True
     return False
+
+
+def subagent_result_text(result: str, used: int, max_steps: int, remaining: int) -> str:
+    """Returns what ``await launch_subagent(...)`` gives the parent (depth-aware SERA form): the child's result
+    (finish message, else error message, else empty) and the budget line."""
+    return (f"{result}\n\nBudget used by subagent: {used}/{max_steps} steps. Total remaining budget for the "
+            f"current task is {remaining} steps.\n")

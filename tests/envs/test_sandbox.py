@@ -42,7 +42,8 @@ def test_cells_namespace_display_and_tools(loop):
         assert info["uid_dropped"] == (os.getuid() == 0)
         out = [await sb.run_cell(c, handler) for c in (
             "x = 41\nprint('hi')", "x + 1", "print('a')\nx", "craft({'a': 1, 2: True}, ('b', 2), k=None)",
-            "y = craft({}, ())\ny['echo']", "None", "x;", "", "def f(:\n  pass", "1/0", "x")]
+            "y = craft({}, ())\ny['echo']", "None", "x;", "", "def f(:\n  pass", "1/0", "x",
+            "import math\nfrom collections import Counter\nprint(math.sqrt(16), Counter('aab'))")]
         await sb.close()
         return out
 
@@ -54,6 +55,7 @@ def test_cells_namespace_display_and_tools(loop):
     assert r[8].error.startswith("Execution failed. Traceback:\nSyntax error in line:\ndef f(:\nMessage: ")
     assert "ZeroDivisionError: division by zero" in r[9].output and "Cell In[10], line 1" in r[9].output
     assert not r[9].ok and r[10].output == "41\n"  # an exception keeps the namespace
+    assert r[11].output == "4.0 Counter({'a': 2, 'b': 1})\n"  # whitelisted modules import
 
 
 def test_top_level_await_and_subagent_time_not_counted(loop):

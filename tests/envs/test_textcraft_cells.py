@@ -1,6 +1,6 @@
 """CodeAct reply parsing, observation text, loop guard."""
 
-from envs_py.textcraft import is_stuck, observation_text, parse_reply
+from envs_py.textcraft import is_stuck, observation_text, parse_reply, subagent_result_text
 
 
 def test_parse_reply():
@@ -20,3 +20,8 @@ def test_observation_text():
 def test_is_stuck():
     assert is_stuck(["a"] * 4) and not is_stuck(["a"] * 3)
     assert is_stuck(["x", "a", "b"] * 4) and not is_stuck(["a", "b", "c", "a", "b", "d", "a", "b"])
+
+
+def test_subagent_result_text():
+    assert subagent_result_text("done", 3, 20, 17) == \
+        "done\n\nBudget used by subagent: 3/20 steps. Total remaining budget for the current task is 17 steps.\n"
