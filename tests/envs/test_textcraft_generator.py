@@ -27,6 +27,8 @@ def test_band_counts_and_tiers(both):
             lo, hi, _, max_count = BANDS[t.difficulty]
             (item, n), = t.payload["target_items"].items()
             assert lo <= book.crafting_depth(item) == t.payload["max_depth"] <= hi and 1 <= n <= max_count
+            end = simulate(book, t.payload["initial_inventory"], t.payload["gold_trajectory"])
+            assert end is not None and end.get(item, 0) >= n  # every generated task is solvable by its plan
 
 
 def test_new_world_tasks_are_deterministic_and_solvable():
@@ -46,5 +48,7 @@ def test_new_world_tasks_are_deterministic_and_solvable():
         assert len(extra) <= 3 and all(1 <= p["initial_inventory"][e] <= 5 for e in extra)
         end = simulate(book, p["initial_inventory"], p["gold_trajectory"])
         assert end is not None and end.get(item, 0) >= n
+    with pytest.raises(ValueError):
+        generate_tasks("test")
     hard = generate_tasks("train", difficulty="hard", **kw)
     assert hard and all(t.difficulty == "hard" for t in hard)

@@ -1,10 +1,12 @@
 """Every official gold plan, replayed through the tools, passes the checker; broken episodes fail."""
 
+import asyncio
 import random
 
 import pytest
 
-from envs_py.textcraft import TextCraftWorld, gold_plan, load_tasks, official_recipes, simulate, solve
+from envs_py.textcraft import (TextCraftSession, TextCraftWorld, gold_plan, load_tasks, official_recipes, simulate,
+                               solve)
 
 
 def replay(world, plan, agent="root"):
@@ -75,3 +77,26 @@ def test_solver_from_arbitrary_inventories():
         assert all(end.get(k, 0) - inv.get(k, 0) >= v for k, v in targets.items())
     assert solve(book, {}, {"o5_i2_15": 1}) is None
     assert solve(book, {"m0_ore": 5}, {"not_an_item": 1}) is None
+
+
+def test_gold_plans_through_sandboxed_cells():
+    tasks = load_tasks("val")
+    picked = [next(t for t in tasks if t.difficulty == d) for d in ("easy", "medium", "hard", "extreme")]
+
+    async def episode(task):
+        s = TextCraftSession.from_task(task)
+        plan = task.payload["gold_trajectory"]
+        half = len(plan) // 2
+        cells = ["inv = view_inventory()\ninfo = get_info(list(inv))\nlen(info)"]
+        for chunk in (plan[:half], plan[half:]):
+            cells.append("\n".join(f"assert craft({st['ingredients']!r}, ({st['target'][0]!r}, {st['result_count']}))"
+                                   ".startswith('Successfully')" for st in chunk) or "pass")
+        cells.append("finish('crafted everything')")
+        results = [await s.run_cell("root", c) for c in cells]
+        await s.close()
+        return results, s.world.check("root")
+
+    for task in picked:
+        results, check = asyncio.run(episode(task))
+        assert all(r["ok"] for r in results), (task.task_id, results)
+        assert results[-1]["finished"] and check.success, (task.task_id, check.reason)
