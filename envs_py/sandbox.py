@@ -116,9 +116,6 @@ class _FrameReader(asyncio.Protocol):
         self.inbox.put(None)
 
 
-_TIMEOUT = object()
-
-
 def decode_value(x: Any, depth: int = 0) -> Any:
     """Returns the Python value of a tagged child value (tuples, lists, dicts with any keys); unknown objects
     become a placeholder string. Raises ValueError on malformed or too deeply nested input."""
@@ -225,7 +222,8 @@ class Sandbox:
         inbox = self._inbox
         budget = self.limits.wall_s + self.limits.grace_s  # wall seconds left, not counting awaited async tools
         started = loop.time()
-        timer = loop.call_at(started + budget, inbox.put, _TIMEOUT)
+        token = object()  # this cell's timeout marker (a stale marker of an earlier cell is ignored)
+        timer = loop.call_at(started + budget, inbox.put, token)
         inflight: dict[Any, asyncio.Future] = {}
         try:
             while True:
@@ -236,14 +234,16 @@ class Sandbox:
                         self._reply(cid, fut)
                         if not inflight:  # the wall clock runs again
                             started = loop.time()
-                            timer = loop.call_at(started + budget, inbox.put, _TIMEOUT)
+                            timer = loop.call_at(started + budget, inbox.put, token)
                     continue
-                if msg is _TIMEOUT:
+                if msg is token:
                     if inflight:
                         continue
                     return self._lost("killed", f"Error: the cell exceeded its wall-clock limit "
                                       f"({self.limits.wall_s:g} s) and did not stop; the sandbox was killed.")
-                if msg is None or not isinstance(msg, dict):
+                if not isinstance(msg, dict):
+                    if msg is not None and not isinstance(msg, ValueError):
+                        continue  # a stale timeout marker of an earlier cell
                     why = "crashed" if msg is None else "killed"
                     detail = "the sandbox process died" if msg is None else f"protocol violation ({msg})"
                     return self._lost(why, f"Error: {detail} while running the cell.")
