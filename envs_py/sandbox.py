@@ -19,6 +19,10 @@ while awaiting async tool calls such as sub-agents) limits and an output cap; th
 wall + grace seconds (again not counting time awaiting async tools), or on a crash or protocol violation, and
 starts a fresh one: the cell's observation says the namespace was lost. Frames are 4-byte lengths + JSON; the
 host decodes child messages with ``json`` only (never pickle/marshal).
+
+The process-level layers (uid, rlimits, seccomp, no world state) are the boundary. The audit hook and the
+namespace restrictions run inside the untrusted process, so determined code can switch them off (the tests do);
+they are there to give model code clear error messages early, and as a second layer.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from typing import Any, Callable
 
 _HDR = struct.Struct("<I")
