@@ -98,6 +98,8 @@ class _WorkerServer:
         if op == "ping":
             return os.getpid()
         if op == "create":
+            if tree_id in self.trees:
+                raise ValueError(f"tree {tree_id!r} already exists; drop it first")
             factory = _resolve(self.factories[req["env"]])
             self.trees[tree_id] = factory(req["task"], **req.get("kwargs", {}))
             return None
@@ -110,6 +112,8 @@ class _WorkerServer:
                 await tree.close()
             return None
         if op == "fork":
+            if req["new"] in self.trees:
+                raise ValueError(f"tree {req['new']!r} already exists; drop it first")
             self.trees[req["new"]] = tree.fork()
             return None
         if op == "commit":

@@ -43,6 +43,8 @@ def test_tree_lifecycle_launch_fork_commit(task):
                 await pool.call("t", "_private")
             with pytest.raises(KeyError):
                 await pool.call("nope", "digest")
+            with pytest.raises(ValueError, match="already exists"):
+                await pool.fork("t", "b")
             await pool.drop("b")
 
     asyncio.run(main())
