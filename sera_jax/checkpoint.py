@@ -81,8 +81,8 @@ def key_from_json(data: list[int]) -> jax.Array:
     return jax.random.wrap_key_data(np.asarray(data, np.uint32))
 
 
-def _state_dict(state: TrainState) -> dict[str, Any]:
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+def _optimizer_part(state: TrainState) -> dict[str, Any]:
+    return {"step": state.step, "opt_state": state.opt_state}
 
 
 class Checkpointer:
@@ -107,8 +107,10 @@ class Checkpointer:
         if version in self.manager.all_steps():
             return False
         record = {**meta, "version": int(version)}
+        # Parameters are their own item, so export and evaluation can restore them without the optimizer.
         self.manager.save(version, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_state_dict(state)), meta=ocp.args.JsonSave(record)), force=True)
+            params=ocp.args.StandardSave(state.params), optimizer=ocp.args.StandardSave(_optimizer_part(state)),
+            meta=ocp.args.JsonSave(record)), force=True)
         return True
 
     def latest(self) -> int | None:
@@ -123,11 +125,29 @@ class Checkpointer:
         version = self.latest() if version is None else version
         if version is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_dict(like))
+        as_struct = lambda t: jax.tree.map(ocp.utils.to_shape_dtype_struct, t)  # noqa: E731
         out = self.manager.restore(version, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        s = out.state
-        return TrainState(step=s["step"], params=s["params"], opt_state=s["opt_state"]), dict(out.meta)
+            params=ocp.args.StandardRestore(as_struct(like.params)),
+            optimizer=ocp.args.StandardRestore(as_struct(_optimizer_part(like))), meta=ocp.args.JsonRestore()))
+        opt = out.optimizer
+        return TrainState(step=opt["step"], params=out.params, opt_state=opt["opt_state"]), dict(out.meta)
+
+    def read_meta(self, version: int | None = None) -> dict[str, Any]:
+        """Returns the JSON metadata of ``version`` (default latest) without reading any array."""
+        version = self.latest() if version is None else version
+        if version is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        return dict(self.manager.restore(version, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+
+    def restore_params(self, like_params, version: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Returns (params, meta) at ``version`` (default latest) without reading the optimizer state."""
+        version = self.latest() if version is None else version
+        if version is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        out = self.manager.restore(version, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like_params)),
+            meta=ocp.args.JsonRestore()))
+        return out.params, dict(out.meta)
 
     def wait(self) -> None:
         """Blocks until pending saves are on disk."""

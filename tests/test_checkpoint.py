@@ -79,3 +79,14 @@ def test_sharded_restore_lands_in_shardings(tmp_path):
     assert q.sharding == sharded.params["layers"]["attn"]["q_proj"].sharding
     assert q.addressable_shards[0].data.size * 4 == q.size
     ck.close()
+
+
+def test_params_restore_without_optimizer(tmp_path):
+    state, _ = _state()
+    ck = Checkpointer(tmp_path, every=1)
+    ck.save(5, state, {"model_config": {"a": 1}})
+    ck.wait()
+    params, meta = ck.restore_params(jax.tree.map(jnp.zeros_like, state.params))
+    _assert_equal(params, state.params)
+    assert meta["model_config"] == {"a": 1} and meta["version"] == 5
+    ck.close()
