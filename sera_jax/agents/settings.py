@@ -1,0 +1,94 @@
+"""Runtime settings of the recursive agent runtime: budgets, depth, prompt/completion caps, sampling, scheduling.
+
+``RuntimeSettings.for_env(env, evaluation=...)`` gives the spec's defaults per environment (sera_algorithm.md §1.1–1.3,
+§8–9; textworld_sync.md §10–12); every field can be overridden. The settings object is frozen and hashable so it can
+be shared by every tree of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sera_jax.sampling.types import SamplingParams
+
+TEXTCRAFT = "textcraft"
+TEXTWORLD = "textworld_sync"
+ENV_NAMES = (TEXTCRAFT, TEXTWORLD)
+STUCK_MESSAGE = "Stuck in a loop, terminating early."
+EXHAUSTED_MESSAGE = "WARNING: Exhausted budget when running episode. Halting episode; task may be incomplete."
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """How one tree runs.
+
+    max_steps: own turns per agent (root and every sub-agent; a child's turns never charge its parent).
+    max_depth: deepest agent depth (root 0); a launch from this depth is refused.
+    max_prompt_tokens: the §1.3 truncation cap on the prompt as sent; max_context: the serving context
+    (prompt + completion), used to shrink max_new_tokens when a prompt is near the cap.
+    temperature / top_p / max_new_tokens / stop_strings: per-turn sampling (stop ids come from the tokenizer).
+    loop_threshold / loop_max_period: the loop breaker (last threshold·p cells repeat a period-p pattern, p ≤ max).
+    deterministic: agents of one tree act one at a time in a fixed order (siblings in launch order, each running
+    to completion before the next starts), so a tree replays exactly from its seed; otherwise siblings run
+    concurrently on the shared world.
+    seed / policy_version: folded into every turn's PRNG key (with task, rollout index, node path and turn).
+    step_timeout_s: limit on one generation call; tree_timeout_s: limit on the whole tree (then its agents are
+    recorded with the rollout error and zero reward).
+    sandbox_spares: pre-started TextCraft sandboxes per env worker (0 = start one per agent on demand).
+    subagents_enabled: TextWorld may hide delegation entirely (the flat variant).
+    """
+
+    env: str = TEXTCRAFT
+    max_steps: int = 20
+    max_depth: int = 3
+    max_prompt_tokens: int = 9600
+    max_context: int = 10240
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_strings: tuple[str, ...] = ("</python>",)
+    loop_threshold: int = 4
+    loop_max_period: int = 3
+    deterministic: bool = False
+    seed: int = 0
+    policy_version: int = 0
+    step_timeout_s: float = 1800.0
+    tree_timeout_s: float = 3600.0
+    sandbox_spares: int = 0
+    subagents_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.env not in ENV_NAMES:
+            raise ValueError(f"unknown env {self.env!r}; expected one of {ENV_NAMES}")
+        for name in ("max_steps", "max_prompt_tokens", "max_context", "max_new_tokens", "loop_threshold"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_depth < 0:
+            raise ValueError(f"max_depth must be ≥ 0, got {self.max_depth}")
+        if self.max_prompt_tokens >= self.max_context:
+            raise ValueError(f"max_prompt_tokens ({self.max_prompt_tokens}) must leave room in max_context "
+                             f"({self.max_context}) for a completion")
+
+    @classmethod
+    def for_env(cls, env: str, *, evaluation: bool = False, **overrides) -> "RuntimeSettings":
+        """Returns the spec defaults of ``env`` ("textcraft" | "textworld_sync") for training or evaluation
+        (temperature 0 and the evaluation prompt cap), with ``overrides`` applied."""
+        if env == TEXTCRAFT:
+            base = dict(env=env, max_prompt_tokens=9728 if evaluation else 9600, max_context=10240,
+                        max_new_tokens=512, stop_strings=("</python>",))
+        elif env == TEXTWORLD:
+            base = dict(env=env, max_prompt_tokens=10240, max_context=13312, max_new_tokens=3072, stop_strings=())
+        else:
+            raise ValueError(f"unknown env {env!r}; expected one of {ENV_NAMES}")
+        base["temperature"] = 0.0 if evaluation else 1.0
+        base.update(overrides)
+        return cls(**base)
+
+    def sampling(self, stop_ids: tuple[int, ...], prompt_len: int) -> SamplingParams:
+        """Returns the SamplingParams of one turn whose prompt has ``prompt_len`` tokens (the completion cap
+        shrinks so prompt + completion fit ``max_context``). Raises ValueError when no token fits."""
+        room = self.max_context - prompt_len
+        if room <= 0:
+            raise ValueError(f"prompt of {prompt_len} tokens leaves no room in the {self.max_context}-token context")
+        return SamplingParams(max_new_tokens=min(self.max_new_tokens, room), temperature=self.temperature,
+                              top_p=self.top_p, stop_ids=tuple(stop_ids), stop_strings=tuple(self.stop_strings))
