@@ -1,0 +1,126 @@
+"""The engine's pure device functions: prefill past a cached prefix, and decode a chunk inside one ``while_loop``.
+
+Both take (params, pool, row state, batch arrays) and return new values; nothing is hidden in closures except the
+static model config and block size. The row state is the part of the batch that lives on device between chunks, so
+the host can dispatch the next chunk before it has read the previous one::
+
+    state = {"token": [R] int32 (last sampled, not yet in the cache), "len": [R] int32 (tokens whose K/V are in the
+             pool), "n_gen": [R] int32 (tokens generated), "done": [R] bool}
+
+``R`` is the engine's maximum batch; a decode chunk works on the first ``b`` rows (a batch bucket). Per-row sampling
+settings are sent with every call (``RowConfig``): they are tiny and keep the device state minimal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from sera_jax.model.config import Qwen3Config
+from sera_jax.model.qwen3 import Qwen3
+from sera_jax.sampling.attention import paged_attention
+from sera_jax.sampling.paged_cache import Pool, write_kv, write_slots
+from sera_jax.sampling.sample import sample_tokens
+
+RowState = dict[str, jax.Array]
+# {"temperature": [b] f32, "top_p": [b] f32, "key": [b, 2] uint32, "stop_ids": [b, S] int32 (-1 pads),
+#  "max_new": [b] int32}
+RowConfig = dict[str, jax.Array]
+
+
+def init_state(rows: int) -> RowState:
+    """Returns an all-finished row state for ``rows`` rows."""
+    return {"token": jnp.zeros((rows,), jnp.int32), "len": jnp.zeros((rows,), jnp.int32),
+            "n_gen": jnp.zeros((rows,), jnp.int32), "done": jnp.ones((rows,), bool)}
+
+
+def _paged_attention_fn(q, k, v, layer, aux):
+    # The per-layer "cache" scanned in is just the layer index; the new k/v go out as the scan's per-layer output
+    # and are written into the pool once, after the trunk (see write_kv).
+    out = paged_attention(q, k, v, aux["k_pool"], aux["v_pool"], layer, aux["table"], aux["ctx_len"])
+    return out, {"k": k, "v": v}
+
+
+def run_model(params, cfg: Qwen3Config, pool: Pool, tokens_BT: Int[Array, "B T"], positions_BT: Int[Array, "B T"],
+              table_BW: Int[Array, "B W"], ctx_len_B: Int[Array, "B"]):
+    """Returns (hidden [B, T, D], unembed [D, V], new {"k","v"} [L, B, T, K, E]) of new tokens over the paged cache."""
+    aux = {"k_pool": pool["k"], "v_pool": pool["v"], "table": table_BW, "ctx_len": ctx_len_B}
+    layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+    return Qwen3(cfg, _paged_attention_fn).apply({"params": params}, tokens_BT, positions_BT, layers, aux,
+                                                 method=Qwen3.trunk_and_unembed)
+
+
+def _hits_stop(tokens_B, stop_ids_BS):
+    return jnp.any(tokens_B[:, None] == stop_ids_BS, axis=-1)
+
+
+def prefill(params, pool: Pool, state: RowState, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Array, "B"],
+            new_len_B: Int[Array, "B"], table_BW: Int[Array, "B W"], slot_B: Int[Array, "B"], rows: RowConfig, *,
+            cfg: Qwen3Config, block_size: int):
+    """Computes the uncached part of each prompt and samples its first token.
+
+    Row ``b`` has ``ctx_len[b]`` prompt tokens already in the pool and ``new_len[b]`` (≥ 1) new ones in
+    ``tokens[b, :new_len]``. Padding rows have ``slot`` out of range (their state update is dropped) and an all-zero
+    table (their writes go to the trash block). Returns (pool, state, first_token [B], first_logprob [B],
+    done [B]); the state rows ``slot`` are reset to the new requests.
+    """
+    b, t = tokens_BT.shape
+    positions = ctx_len_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    valid = jnp.arange(t)[None] < new_len_B[:, None]
+    hidden, unembed, kv = run_model(params, cfg, pool, tokens_BT, positions, table_BW, ctx_len_B)
+    pool = write_kv(pool, kv["k"], kv["v"], write_slots(table_BW, positions, valid, block_size))
+    last = jnp.take_along_axis(hidden, (new_len_B - 1)[:, None, None], axis=1)[:, 0]
+    logits = jnp.einsum("bd,dv->bv", last, unembed, preferred_element_type=jnp.float32)
+    tok, lp = sample_tokens(logits, rows["temperature"], rows["top_p"], rows["key"], jnp.zeros((b,), jnp.int32))
+    done = _hits_stop(tok, rows["stop_ids"]) | (rows["max_new"] <= 1)
+    new_rows = {"token": tok, "len": ctx_len_B + new_len_B, "n_gen": jnp.ones((b,), jnp.int32), "done": done}
+    state = {k: state[k].at[slot_B].set(new_rows[k], mode="drop") for k in state}
+    return pool, state, tok, lp, done
+
+
+def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"], alive_B: Bool[Array, "B"],
+                 rows: RowConfig, *, cfg: Qwen3Config, block_size: int, steps: int):
+    """Decodes up to ``steps`` tokens for the first ``B`` rows in one ``lax.while_loop``.
+
+    Rows not ``alive`` (retired or cancelled on the host) are finished before the first step. The loop stops early
+    once every row is done. Returns (pool, state, tokens [B, steps] (-1 where the row produced nothing),
+    logprobs [B, steps] fp32 at temperature 1).
+    """
+    b = table_BW.shape[0]
+    st = {k: v[:b] for k, v in state.items()}
+    done0 = st["done"] | ~alive_B
+    out_tok = jnp.full((b, steps), -1, jnp.int32)
+    out_lp = jnp.zeros((b, steps), jnp.float32)
+
+    def cond(c):
+        return (c[0] < steps) & jnp.any(~c[5])
+
+    def body(c):
+        i, pool, tok, ln, ng, done, out_tok, out_lp = c
+        active = ~done
+        pos = ln[:, None]
+        hidden, unembed, kv = run_model(params, cfg, pool, tok[:, None], pos, table_BW, ln)
+        pool = write_kv(pool, kv["k"], kv["v"], write_slots(table_BW, pos, active[:, None], block_size))
+        logits = jnp.einsum("bd,dv->bv", hidden[:, 0], unembed, preferred_element_type=jnp.float32)
+        new, lp = sample_tokens(logits, rows["temperature"], rows["top_p"], rows["key"], ng)
+        out_tok = out_tok.at[:, i].set(jnp.where(active, new, -1))
+        out_lp = out_lp.at[:, i].set(jnp.where(active, lp, 0.0))
+        step = active.astype(jnp.int32)
+        ln, ng = ln + step, ng + step
+        done = done | (active & (_hits_stop(new, rows["stop_ids"]) | (ng >= rows["max_new"])))
+        return i + 1, pool, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp
+
+    carry = (jnp.int32(0), pool, st["token"], st["len"], st["n_gen"], done0, out_tok, out_lp)
+    _, pool, tok, ln, ng, done, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
+    new_rows = {"token": tok, "len": ln, "n_gen": ng, "done": done}
+    state = {k: state[k].at[:b].set(new_rows[k]) for k in state}
+    return pool, state, out_tok, out_lp
+
+
+def row_config_spec(b: int, max_stop_ids: int) -> dict[str, Any]:
+    """Returns the shapes/dtypes of a ``RowConfig`` for ``b`` rows (used to build host buffers and warm-up)."""
+    return {"temperature": ((b,), jnp.float32), "top_p": ((b,), jnp.float32), "key": ((b, 2), jnp.uint32),
+            "stop_ids": ((b, max_stop_ids), jnp.int32), "max_new": ((b,), jnp.int32)}

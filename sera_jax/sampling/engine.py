@@ -1,0 +1,292 @@
+"""The rollout engine: an asyncio ``generate`` for many concurrent agents over one batched device loop.
+
+Usage::
+
+    engine = Engine(cfg, params, EngineConfig(max_batch=64, num_blocks=4096, max_context=13312), mesh=mesh)
+    engine.warmup()                                    # optional: compile every bucket now
+    result = await engine.generate(prompt_ids, SamplingParams(max_new_tokens=512, stop_strings=("</python>",)),
+                                   key=jax.random.fold_in(rollout_key, turn))
+    engine.load_weights(trainer_params)                # on-device reshard + cast; bumps result.policy_version
+
+A background driver thread owns the device loop, so the event loop (agents, env RPCs) keeps running while the device
+decodes. Each round it admits waiting requests, dispatches one prefill call and one decode chunk (a jitted
+``lax.while_loop``), and only then parses the previous round's outputs: the device never waits for the host's
+parsing. Cancelling the awaiting coroutine frees the request's slot and blocks.
+
+Parameter layout: the sampler keeps its own copy of the weights in ``EngineConfig.dtype`` laid out by ``rules``
+(default ``SAMPLE_RULES``: a replica per ``data`` group, tensor-parallel over ``tensor``). With ``mesh=None`` the
+engine runs on one device (a replica); build one engine per device or one tensor-parallel engine per host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import queue
+import threading
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sera_jax.model.config import Qwen3Config
+from sera_jax.model.qwen3 import abstract_params
+from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
+from sera_jax.parallel.rules import SAMPLE_RULES, Rules, param_shardings
+from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill
+from sera_jax.sampling.engine_config import EngineConfig
+from sera_jax.sampling.paged_cache import make_pool, pool_sharding
+from sera_jax.sampling.request import Request, make_request
+from sera_jax.sampling.scheduler import Scheduler
+from sera_jax.sampling.types import GenerationResult, SamplingParams
+
+
+class EngineError(RuntimeError):
+    """The engine's driver failed or the engine was closed; pending requests get this error."""
+
+
+class Engine:
+    """Continuous-batching generator over a paged KV cache. Implements ``sampling.types.Generator``."""
+
+    def __init__(self, cfg: Qwen3Config, params, config: EngineConfig | None = None, *, mesh: Mesh | None = None,
+                 rules: Rules = SAMPLE_RULES, tokenizer: Any = None, seed: int = 0):
+        self.config = config = config or EngineConfig()
+        self.model_cfg = cfg
+        self.cfg = cfg.replace(dtype=config.dtype, param_dtype=config.dtype, remat=False)
+        self.mesh = mesh or make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+        self.rules = rules
+        self.tokenizer = tokenizer
+        self.seed = int(seed) & 0xFFFFFFFF
+        self.buckets = config.buckets(self.mesh.shape["data"])
+        self._param_shardings = param_shardings(self.cfg, self.mesh, rules)
+        self._abstract = abstract_params(cfg)
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        pool_sh = {"k": pool_sharding(self.mesh, rules), "v": pool_sharding(self.mesh, rules)}
+        opts = dict(config.compiler_options) or None
+        rep = self._replicated
+        self._prefill = jax.jit(functools.partial(prefill, cfg=self.cfg, block_size=config.block_size),
+                                donate_argnums=(1, 2), out_shardings=(pool_sh, rep, rep, rep, rep),
+                                compiler_options=opts)
+        self._decode = jax.jit(functools.partial(decode_chunk, cfg=self.cfg, block_size=config.block_size,
+                                                 steps=config.chunk_steps),
+                               donate_argnums=(1, 2), out_shardings=(pool_sh, rep, rep, rep), compiler_options=opts)
+        self.sched = Scheduler(config, self.buckets, tokenizer.decode if tokenizer is not None else None)
+        self.params = self._place(params)
+        with activate(self.mesh, rules):
+            self.pool = make_pool(self.cfg, config.num_blocks, config.block_size, self.cfg.compute_dtype, self.mesh,
+                                  rules)
+        self.state = jax.device_put(init_state(self.sched.rows), rep)
+        self._rid = itertools.count()
+        self._lock = threading.RLock()  # guards scheduler, params, pool, state between device rounds
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self.peak_referenced_blocks = 0
+        self.peak_waiting = 0
+
+    # ---------------------------------------------------------------------------------------------------- weights
+    def _place(self, params):
+        want = jax.tree.structure(self._abstract)
+        if jax.tree.structure(params) != want:
+            raise ValueError(f"params do not match the model's parameter tree: got {jax.tree.structure(params)}, "
+                             f"want {want}")
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(self._abstract)):
+            if tuple(a.shape) != tuple(b.shape):
+                raise ValueError(f"param {jax.tree_util.keystr(path)} has shape {a.shape}, the model needs {b.shape}")
+        dt = self.cfg.compute_dtype
+        # Cast where the weights are (each shard locally, halving what moves), then reshard onto the sampler mesh.
+        cast = jax.tree.map(lambda x: x.astype(dt) if x.dtype != dt else x, params)
+        return jax.device_put(cast, self._param_shardings)
+
+    def load_weights(self, params) -> int:
+        """Installs new policy weights (on-device cast to the sampler dtype and reshard); returns the new version.
+
+        Takes effect at the next device round; the prefix cache is emptied (old K/V belong to old weights).
+        Tokens of turns admitted before the swap keep reporting the version they were admitted under.
+        """
+        new = self._place(params)
+        with self._lock:
+            self.params = new
+            self.sched.new_weights()
+            return self.sched.version
+
+    @property
+    def version(self) -> int:
+        """The policy version tagging newly admitted turns."""
+        return self.sched.version
+
+    # ---------------------------------------------------------------------------------------------------- API
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                       key: jax.Array | None = None) -> GenerationResult:
+        """Returns the finished turn for ``prompt_ids``; raises ValueError/TypeError for a bad request.
+
+        ``key`` (a ``jax.random`` key) makes the turn reproducible: token i is drawn with ``fold_in(key, i)``,
+        whatever else shares the batch. Without one, the engine derives (seed, request counter).
+        """
+        if self._error is not None:
+            raise EngineError("the engine's driver failed") from self._error
+        if self._closed:
+            raise EngineError("the engine is closed")
+        params = SamplingParams() if params is None else params
+        rid = next(self._rid)
+        c = self.config
+        req = make_request(rid, prompt_ids, params, key, vocab_size=self.cfg.vocab_size, max_context=c.max_context,
+                           max_stop_ids=c.max_stop_ids, block_size=c.block_size,
+                           capacity_blocks=self.sched.blocks.capacity, has_tokenizer=self.tokenizer is not None,
+                           fallback_key=(self.seed, rid & 0xFFFFFFFF))
+        loop = asyncio.get_running_loop()
+        req.future, req.loop = loop.create_future(), loop
+        self._submit(("add", req))
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            self._submit(("cancel", req))
+            raise
+
+    def _submit(self, msg) -> None:
+        self._inbox.put(msg)
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._drive, name="sera-engine-driver", daemon=True)
+                    self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stops the driver; pending turns fail with EngineError."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # ---------------------------------------------------------------------------------------------------- driver
+    def _drive(self) -> None:
+        pending: list[tuple] = []  # dispatched last round, not parsed yet
+        try:
+            with activate(self.mesh, self.rules):
+                while not self._closed:
+                    with self._lock:
+                        self._drain_inbox()
+                        dispatched = self._dispatch_round()
+                        finished = []
+                        for rec in pending:
+                            finished += self._parse(rec)
+                        pending = dispatched
+                        self._track()
+                    for req, result in finished:
+                        _resolve(req, result)
+                    if not dispatched and not pending and not self._inbox.qsize():
+                        self._wake.wait(timeout=1.0)
+                        self._wake.clear()
+        except BaseException as e:  # a driver failure must reach every waiting coroutine, not vanish in a thread
+            self._error = e
+        with self._lock:
+            err = EngineError("the engine's driver failed" if self._error else "the engine was closed")
+            if self._error is not None:
+                err.__cause__ = self._error
+            for req in list(self.sched.waiting) + self.sched.live():
+                _resolve(req, err)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, req = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add" and not req.cancelled:
+                self.sched.add(req)
+            elif kind == "cancel":
+                self.sched.cancel(req)
+
+    def _dispatch_round(self) -> list[tuple]:
+        out = []
+        pb = self.sched.plan_prefill()
+        if pb is not None:
+            self.pool, self.state, tok, lp, _ = self._prefill(
+                self.params, self.pool, self.state, pb.tokens, pb.ctx_len, pb.new_len, pb.table, pb.slot, pb.rows)
+            self.sched.prefill_dispatched(pb)
+            out.append(("prefill", pb, tok, lp))
+        db = self.sched.plan_decode()
+        if db is not None:
+            self.pool, self.state, ot, ol = self._decode(self.params, self.pool, self.state, db.table, db.alive,
+                                                         db.rows)
+            out.append(("decode", db, ot, ol))
+        return out
+
+    def _parse(self, rec) -> list:
+        kind, batch, a, b = rec
+        a, b = np.asarray(a), np.asarray(b)
+        if kind == "prefill":
+            return self.sched.on_prefill_output(batch, a, b)
+        return self.sched.on_decode_output(batch, a, b)
+
+    def _track(self) -> None:
+        self.peak_referenced_blocks = max(self.peak_referenced_blocks, self.sched.blocks.num_referenced())
+        self.peak_waiting = max(self.peak_waiting, len(self.sched.waiting))
+
+    # ---------------------------------------------------------------------------------------------------- shapes
+    def warmup(self) -> int:
+        """Compiles every bucketed prefill and decode shape now (engine must be idle); returns new compilations."""
+        before = self.compile_count()
+        with self._lock, activate(self.mesh, self.rules):
+            if self.sched.has_work():
+                raise RuntimeError("warmup() needs an idle engine (it runs padding-only device calls)")
+            c, bk, rows = self.config, self.buckets, self.sched.row_cfg
+            w_max = c.max_blocks_per_seq
+            for b in bk["prefill_batch"]:
+                for t in bk["prefill_len"]:
+                    if b > bk["prefill_batch"][0] and b * t > c.max_prefill_tokens:
+                        continue
+                    rc = {k: np.zeros((b,) + v.shape[1:], v.dtype) for k, v in rows.items()}
+                    self.pool, self.state, *_ = self._prefill(
+                        self.params, self.pool, self.state, np.zeros((b, t), np.int32), np.zeros(b, np.int32),
+                        np.ones(b, np.int32), np.zeros((b, w_max), np.int32), np.full(b, self.sched.rows, np.int32),
+                        rc)
+            for b in bk["batch"]:
+                for w in bk["width"]:
+                    rc = {k: v[:b].copy() for k, v in rows.items()}
+                    self.pool, self.state, *_ = self._decode(
+                        self.params, self.pool, self.state, np.zeros((b, w), np.int32), np.zeros(b, bool), rc)
+            jax.block_until_ready(self.state)
+        return self.compile_count() - before
+
+    def compile_count(self) -> int:
+        """Returns how many executables the engine's device functions have compiled so far."""
+        return self._prefill._cache_size() + self._decode._cache_size()
+
+    def stats(self) -> dict[str, int]:
+        """Returns counters: prefill/cached/generated tokens, calls, finish reasons, and block usage now and at peak."""
+        with self._lock:
+            s = dict(self.sched.stats)
+            blocks = self.sched.blocks
+            s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),
+                     blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),
+                     peak_referenced_blocks=self.peak_referenced_blocks, peak_waiting=self.peak_waiting,
+                     waiting=len(self.sched.waiting), running=len(self.sched.live()), evictions=blocks.evictions,
+                     version=self.sched.version)
+            return s
+
+
+def _resolve(req: Request, outcome) -> None:
+    """Hands a result (or exception) to the request's event loop, from the driver thread."""
+    fut, loop = req.future, req.loop
+    if fut is None or loop is None:
+        return
+
+    def settle():
+        if fut.done():
+            return
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass

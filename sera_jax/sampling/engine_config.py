@@ -1,0 +1,97 @@
+"""The rollout engine's sizes and static-shape buckets.
+
+Every device call has a shape drawn from a small fixed set, so after ``Engine.warmup()`` (or once each bucket has been
+seen) no mix of requests compiles anything new:
+
+* decode chunks: ``[b rows, W table blocks]`` with ``b`` in ``batch_buckets`` and ``W`` in ``width_buckets``;
+* prefill calls: ``[B rows, T tokens]`` with ``B`` in ``prefill_batch_buckets`` and ``T`` in ``prefill_len_buckets``
+  (prompts longer than the largest ``T`` are prefilled in pieces, each a continuation past the cached part), and a
+  table as wide as the longest sequence (prefill is compute-bound; the extra masked columns are cheap).
+
+Batch buckets are rounded up to multiples of the mesh's ``data`` size, because SAMPLE_RULES split rows over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+def _pow2_upto(lo: int, hi: int) -> tuple[int, ...]:
+    out, v = [], max(1, lo)
+    while v < hi:
+        out.append(v)
+        v *= 2
+    out.append(hi)
+    return tuple(sorted(set(out)))
+
+
+def pick_bucket(buckets: tuple[int, ...], n: int) -> int:
+    """Returns the smallest bucket ≥ n (raises ValueError if none is)."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Sizes of the rollout engine. ``dtype`` is the sampler's weight/activation/KV dtype (bf16 on GPU).
+
+    ``compiler_options`` are passed to ``jax.jit`` for the engine's device functions, as (name, value) pairs (tests
+    use XLA's fast-compile settings; leave empty for speed).
+    """
+
+    max_batch: int = 32  # decode rows
+    block_size: int = 16
+    num_blocks: int = 1024  # including the reserved trash block
+    max_context: int = 4096  # prompt + completion tokens per request
+    chunk_steps: int = 16  # decode steps per device call
+    max_prefill_len: int = 2048  # tokens of one request per prefill call (longer prompts go in pieces)
+    max_prefill_batch: int = 8
+    max_prefill_tokens: int = 8192  # rows × padded length of one prefill call
+    min_prefill_len: int = 16
+    max_stop_ids: int = 4
+    dtype: str = "bfloat16"
+    batch_buckets: tuple[int, ...] = ()  # default: powers of two up to max_batch
+    prefill_batch_buckets: tuple[int, ...] = ()  # default: powers of two up to max_prefill_batch
+    prefill_len_buckets: tuple[int, ...] = ()  # default: powers of two from min_prefill_len to max_prefill_len
+    width_buckets: tuple[int, ...] = ()  # default: powers of two up to the blocks of max_context
+    compiler_options: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        errors = []
+        for name in ("max_batch", "block_size", "num_blocks", "max_context", "chunk_steps", "max_prefill_len",
+                     "max_prefill_batch", "max_prefill_tokens", "min_prefill_len"):
+            if getattr(self, name) <= 0:
+                errors.append(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_stop_ids < 0:
+            errors.append("max_stop_ids must be ≥ 0")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            errors.append(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.num_blocks < 2:
+            errors.append("num_blocks must be ≥ 2 (block 0 is the reserved trash block)")
+        if errors:
+            raise ValueError("invalid EngineConfig: " + "; ".join(errors))
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return math.ceil(self.max_context / self.block_size)
+
+    def buckets(self, data_size: int = 1) -> dict[str, tuple[int, ...]]:
+        """Returns the resolved buckets {"batch", "prefill_batch", "prefill_len", "width"} for a mesh data size."""
+        def rounded(bs):
+            return tuple(sorted({math.ceil(b / data_size) * data_size for b in bs}))
+
+        batch = rounded(self.batch_buckets or _pow2_upto(1, self.max_batch))
+        pbatch = rounded(self.prefill_batch_buckets or _pow2_upto(1, self.max_prefill_batch))
+        plen = tuple(sorted(self.prefill_len_buckets)) or _pow2_upto(
+            min(self.min_prefill_len, self.max_prefill_len), self.max_prefill_len)
+        width = tuple(sorted(self.width_buckets)) or _pow2_upto(1, self.max_blocks_per_seq)
+        if width[-1] < self.max_blocks_per_seq:
+            width = width + (self.max_blocks_per_seq,)
+        if pbatch[-1] < self.max_prefill_batch or batch[-1] < self.max_batch:
+            raise ValueError("batch buckets must reach max_batch and prefill batch buckets max_prefill_batch")
+        if plen[-1] < self.max_prefill_len:
+            raise ValueError(f"prefill_len_buckets must reach max_prefill_len={self.max_prefill_len}")
+        return {"batch": batch, "prefill_batch": pbatch, "prefill_len": plen, "width": width}

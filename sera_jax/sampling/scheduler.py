@@ -1,0 +1,289 @@
+"""Continuous batching on the host: admission within the block budget, batch building, output parsing, retirement.
+
+Pure host logic over numpy arrays and ``BlockManager``; the engine's driver calls it between device calls and does
+the dispatching. The decode batch has ``rows`` slots; a request holds one slot from admission to retirement.
+
+Admission (FIFO, between decode chunks). A waiting request is admitted when a slot is free and the pool can give it
+every block it may ever need: its prompt (minus the cached prefix) plus ``max_new`` tokens. Reserving the worst
+case up front means a running sequence never runs out of memory mid-turn (no preemption needed); a request that
+does not fit waits, and the queue stays in order. A request whose prefix is being computed by this very round waits
+one round (``BlockManager`` pending blocks) and then reuses it instead of computing it twice.
+
+Pipelining. The driver dispatches call k+1 before parsing call k, so results are matched to requests through the
+slot snapshot taken at dispatch, and a row the host retired may still produce tokens for one more chunk: they are
+dropped. Device calls run in dispatch order and the pool threads through all of them, so a block freed here is
+reused only by calls that run after every in-flight write to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from sera_jax.sampling.block_manager import BlockManager, chain_digests
+from sera_jax.sampling.engine_config import EngineConfig, pick_bucket
+from sera_jax.sampling.request import Request, find_stop_string
+from sera_jax.sampling.types import GenerationResult
+
+
+@dataclasses.dataclass
+class PrefillBatch:
+    """One prefill call: arrays for ``device_loop.prefill`` and, per real row, (request, is its last piece)."""
+
+    tokens: np.ndarray
+    ctx_len: np.ndarray
+    new_len: np.ndarray
+    table: np.ndarray
+    slot: np.ndarray
+    rows: dict[str, np.ndarray]
+    members: list[tuple[Request, bool]]
+
+
+@dataclasses.dataclass
+class DecodeBatch:
+    """One decode chunk: the first ``b`` rows, table width ``W``, and the slot → request snapshot."""
+
+    table: np.ndarray
+    alive: np.ndarray
+    rows: dict[str, np.ndarray]
+    snapshot: list[Request | None]
+
+
+class Scheduler:
+    """Host state of the decode batch. Finished turns come back as (request, GenerationResult) pairs."""
+
+    def __init__(self, config: EngineConfig, buckets: dict[str, tuple[int, ...]],
+                 decode_fn: Callable[[Sequence[int]], str] | None = None):
+        self.config, self.buckets, self.decode = config, buckets, decode_fn
+        self.rows = buckets["batch"][-1]
+        self.max_live = min(config.max_batch, self.rows)
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.slots: list[Request | None] = [None] * self.rows
+        w, s = config.max_blocks_per_seq, config.max_stop_ids
+        self.table = np.zeros((self.rows, w), np.int32)
+        self.row_cfg = {"temperature": np.zeros(self.rows, np.float32), "top_p": np.ones(self.rows, np.float32),
+                        "key": np.zeros((self.rows, 2), np.uint32), "stop_ids": np.full((self.rows, s), -1, np.int32),
+                        "max_new": np.ones(self.rows, np.int32)}
+        self.version = 0
+        self.stats = collections.Counter()
+
+    # ------------------------------------------------------------------------------------------------------------
+    def live(self) -> list[Request]:
+        return [r for r in self.slots if r is not None]
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(r is not None for r in self.slots)
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def cancel(self, req: Request) -> bool:
+        """Drops a waiting or running request, freeing its slot and every block it held; returns whether it was here."""
+        if req.finished:
+            return False
+        req.cancelled = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.finished = True
+            self.stats["cancelled"] += 1
+            return True
+        if req.slot >= 0:
+            self._retire(req, register=False)
+            self.stats["cancelled"] += 1
+            return True
+        return False
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _admit_one(self, req: Request) -> str:
+        """Tries to give ``req`` a slot and blocks: returns "ok", "defer" (pending prefix) or "full"."""
+        bs = self.config.block_size
+        free_slots = [i for i in range(self.max_live) if self.slots[i] is None]
+        if not free_slots:
+            return "full"
+        p = len(req.prompt)
+        req.prompt_digests = chain_digests(req.prompt, bs)
+        # The block holding the last prompt token is never shared: its logits must be computed.
+        shareable = req.prompt_digests[: (p - 1) // bs]
+        shared, pending = self.blocks.match(shareable)
+        if pending:
+            return "defer"
+        total = math.ceil((p + req.max_new - 1) / bs)
+        self.blocks.acquire(shared)
+        fresh = self.blocks.allocate(total - len(shared))
+        if fresh is None:
+            self.blocks.release(shared)
+            return "full"
+        req.blocks = shared + fresh
+        req.cached_tokens = req.prefilled = len(shared) * bs
+        # Index this prompt's own full blocks now (pending), so identical prompts in flight share them.
+        n_full = p // bs
+        self.blocks.register(req.blocks[len(shared):n_full], req.prompt_digests[len(shared):n_full], ready=False)
+        req.slot = free_slots[0]
+        req.version = self.version
+        self.slots[req.slot] = req
+        self.table[req.slot] = 0
+        self.table[req.slot, : len(req.blocks)] = req.blocks
+        cfg = self.row_cfg
+        cfg["temperature"][req.slot] = req.params.temperature
+        cfg["top_p"][req.slot] = req.params.top_p
+        cfg["key"][req.slot] = req.key_data
+        cfg["stop_ids"][req.slot] = req.stop_ids
+        cfg["max_new"][req.slot] = req.max_new
+        self.stats["admitted"] += 1
+        self.stats["cached_tokens"] += req.cached_tokens
+        return "ok"
+
+    def plan_prefill(self) -> PrefillBatch | None:
+        """Admits what fits and returns the next prefill call (continuing pieces first), or None if none is due."""
+        cfg = self.config
+        group: list[tuple[Request, int]] = []  # (request, tokens of this piece)
+        longest = 0
+
+        def fits(n_tokens: int) -> bool:
+            t = pick_bucket(self.buckets["prefill_len"], max(longest, n_tokens))
+            b = pick_bucket(self.buckets["prefill_batch"], len(group) + 1)
+            return not group or (len(group) < cfg.max_prefill_batch and b * t <= cfg.max_prefill_tokens)
+
+        def piece(req: Request) -> int:
+            return min(len(req.prompt) - req.prefilled, cfg.max_prefill_len)
+
+        for req in self.live():
+            if not req.decoding and req.prefilled < len(req.prompt) and fits(piece(req)):
+                group.append((req, piece(req)))
+                longest = max(longest, piece(req))
+        deferred = []
+        while self.waiting and len(group) < cfg.max_prefill_batch:
+            req = self.waiting[0]
+            status = self._admit_one(req) if fits(min(len(req.prompt), cfg.max_prefill_len)) else "full"
+            if status == "full":
+                break
+            self.waiting.popleft()
+            if status == "defer":
+                deferred.append(req)
+                continue
+            group.append((req, piece(req)))
+            longest = max(longest, piece(req))
+        self.waiting.extendleft(reversed(deferred))
+        if not group:
+            return None
+        b = pick_bucket(self.buckets["prefill_batch"], len(group))
+        t = pick_bucket(self.buckets["prefill_len"], longest)
+        w = self.table.shape[1]
+        batch = PrefillBatch(tokens=np.zeros((b, t), np.int32), ctx_len=np.zeros(b, np.int32),
+                             new_len=np.ones(b, np.int32), table=np.zeros((b, w), np.int32),
+                             slot=np.full(b, self.rows, np.int32),
+                             rows={k: np.zeros((b,) + v.shape[1:], v.dtype) for k, v in self.row_cfg.items()},
+                             members=[])
+        batch.rows["stop_ids"][:] = -1
+        for i, (req, n) in enumerate(group):
+            last = req.prefilled + n == len(req.prompt)
+            batch.tokens[i, :n] = req.prompt[req.prefilled:req.prefilled + n]
+            batch.ctx_len[i], batch.new_len[i] = req.prefilled, n
+            batch.table[i] = self.table[req.slot]
+            if last:  # only the last piece samples a token and sets the decode row
+                batch.slot[i] = req.slot
+            for k in batch.rows:
+                batch.rows[k][i] = self.row_cfg[k][req.slot]
+            batch.members.append((req, last))
+        return batch
+
+    def prefill_dispatched(self, batch: PrefillBatch) -> None:
+        """Records that ``batch`` was dispatched: progress, readiness of the blocks it computes, decode eligibility."""
+        for i, (req, last) in enumerate(batch.members):
+            req.prefilled += int(batch.new_len[i])
+            self.stats["prefill_tokens"] += int(batch.new_len[i])
+            if last:
+                req.decoding = True
+                req.ub_len = len(req.prompt)
+                self.blocks.mark_ready(req.blocks[: len(req.prompt) // self.config.block_size])
+        self.stats["prefill_calls"] += 1
+
+    def plan_decode(self) -> DecodeBatch | None:
+        """Returns the next decode chunk over all decoding rows, or None if no row is decoding."""
+        bs, steps = self.config.block_size, self.config.chunk_steps
+        decoding = [r for r in self.live() if r.decoding]
+        if not decoding:
+            return None
+        b = pick_bucket(self.buckets["batch"], max(r.slot for r in decoding) + 1)
+        need = 1
+        for r in decoding:
+            cap = len(r.prompt) + r.max_new - 1  # the last token's K/V is never written
+            need = max(need, math.ceil(min(r.ub_len + steps, cap) / bs))
+            r.ub_len = min(r.ub_len + steps, cap)
+        w = pick_bucket(self.buckets["width"], need)
+        alive = np.array([s is not None and s.decoding for s in self.slots[:b]], bool)
+        rows = {k: v[:b].copy() for k, v in self.row_cfg.items()}
+        self.stats["decode_calls"] += 1
+        return DecodeBatch(table=self.table[:b, :w].copy(), alive=alive, rows=rows, snapshot=list(self.slots[:b]))
+
+    # ------------------------------------------------------------------------------------------------------------
+    def on_prefill_output(self, batch: PrefillBatch, tok: np.ndarray, lp: np.ndarray):
+        """Parses a prefill call's first tokens; returns the (request, result) pairs that finished."""
+        done = []
+        for i, (req, last) in enumerate(batch.members):
+            if last and not req.finished:
+                self._append(req, [int(tok[i])], [float(lp[i])], done)
+        return done
+
+    def on_decode_output(self, batch: DecodeBatch, out_tok: np.ndarray, out_lp: np.ndarray):
+        """Parses a decode chunk; returns the (request, result) pairs that finished."""
+        done = []
+        for i, req in enumerate(batch.snapshot):
+            if req is None or req.finished or not batch.alive[i]:
+                continue
+            valid = out_tok[i] >= 0
+            n = int(np.argmin(valid)) if not valid.all() else len(valid)
+            if n:
+                self._append(req, out_tok[i, :n].tolist(), out_lp[i, :n].tolist(), done)
+        return done
+
+    def _append(self, req: Request, toks: list[int], lps: list[float], done: list) -> None:
+        stops = set(int(s) for s in req.stop_ids if s >= 0)
+        reason = None
+        for t, l in zip(toks, lps):
+            req.tokens.append(t)
+            req.logprobs.append(l)
+            if t in stops:
+                reason = "stop_id"
+                break
+            if len(req.tokens) >= req.max_new:
+                reason = "length"
+                break
+        if req.params.stop_strings:
+            n = find_stop_string(self.decode, req.tokens, req.params.stop_strings, req.text_checked)
+            if n is not None:
+                del req.tokens[n:], req.logprobs[n:]
+                reason = "stop_string"
+            req.text_checked = len(req.tokens)
+        self.stats["generated_tokens"] += len(toks)
+        if reason is not None:
+            done.append((req, self._retire(req, register=True, reason=reason)))
+
+    def _retire(self, req: Request, register: bool, reason: str = "cancelled") -> GenerationResult:
+        """Frees ``req``'s slot and blocks (indexing its computed full blocks first); returns its result."""
+        req.finished = True
+        if register and req.decoding:
+            # K/V exist for the prompt and every kept generated token but the last.
+            seq = req.prompt + req.tokens[:-1]
+            n_full = len(seq) // self.config.block_size
+            self.blocks.register(req.blocks[:n_full], chain_digests(seq, self.config.block_size, n_full), ready=True)
+        elif not req.decoding:
+            self.blocks.unindex_pending(req.blocks)  # cancelled before its prompt was computed
+        self.blocks.release(req.blocks)
+        req.blocks = []
+        if req.slot >= 0:
+            self.slots[req.slot] = None
+            self.table[req.slot] = 0
+            req.slot = -1
+        self.stats["finished_" + reason] += 1
+        return req.result(reason)
+
+    def new_weights(self) -> None:
+        """New policy weights: every cached prefix is stale, so the prefix index is emptied; the version bumps."""
+        self.blocks.clear_index()
+        self.version += 1
