@@ -17,7 +17,7 @@ SLOW_S = 1.0
 
 def test_slow_env_step_does_not_stall_other_trees(tw_task, tok):
     """Tree A's world steps take 1 s each in its env worker; meanwhile tree B keeps generating turn after turn."""
-    script = {"root": ["<action>look around</action>"] * 20}
+    script = {"root": ["<action>look around</action>"] * 40}
 
     async def main():
         factories = {**RUNTIME_FACTORIES, "textworld_sync": "tests.agents.slow_world:make_slow_world"}
@@ -28,13 +28,15 @@ def test_slow_env_step_does_not_stall_other_trees(tw_task, tok):
             s = RuntimeSettings.for_env("textworld_sync")
             slow = run_tree(tw_task, "textworld_sync", gen, tok, dataclasses.replace(s, max_steps=2),
                             pool=pool, trace=trace, tree_id="slow")
-            fast = run_tree(tw_task, "textworld_sync", gen, tok, s, trace=trace, tree_id="fast")
+            # The fast tree outlives both slow steps (40 turns of ≥ 50 ms).
+            fast = run_tree(tw_task, "textworld_sync", gen, tok, dataclasses.replace(s, max_steps=40), trace=trace,
+                            tree_id="fast")
             return await asyncio.gather(slow, fast), trace
         finally:
             await pool.close()
 
     (slow, fast), trace = asyncio.run(main())
-    assert len(slow.root.turns) == 2 and len(fast.root.turns) == 20
+    assert len(slow.root.turns) == 2 and len(fast.root.turns) == 40
     env_spans = trace.spans("env_start", "env_end", tree="slow")
     assert len(env_spans) == 2 and all(t1 - t0 >= SLOW_S * 0.9 for t0, t1, _ in env_spans)
     gen_fast = trace.spans("generate_start", "generate_end", tree="fast")
