@@ -1,0 +1,12 @@
+"""GPU kernels (Pallas/Triton) with pure-JAX references as oracles; tested on CPU in Pallas interpret mode.
+
+  paged_decode_attention   queries over a paged, ragged KV cache (returns out + lse)        paged_decode.py
+  paged_attention          drop-in for sera_jax.sampling.attention.paged_attention          paged_attention.py
+  flash_attention          packed causal training attention, segment ids, GQA, fwd + bwd    flash_attention.py
+  select                   which implementation runs where (GPU -> kernels, else reference) select.py
+"""
+
+from sera_jax.kernels.flash_attention import flash_attention, flash_attention_with_lse
+from sera_jax.kernels.paged_decode import paged_decode_attention
+
+__all__ = ["flash_attention", "flash_attention_with_lse", "paged_decode_attention"]
