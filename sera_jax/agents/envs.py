@@ -4,8 +4,8 @@ TextCraft worlds always live in env worker processes (``envs_py.workers.WorkerPo
 sandboxes; ``TextCraftTreeEnv`` is the async handle the agent loop uses. TextWorld-Sync worlds live either in an env
 worker (``PoolTextWorldEnv``; the default for training, so world steps never run on the event loop) or in-process
 behind a ``Coordinator`` (``LocalTextWorldEnv``; microsecond steps, handy for tests and single-process tools).
-Every handle offers ``fork()`` → an isolated branch handle, ``commit(branch)`` and ``close()``, which the launchers of
-the rubric stage use for counterfactual branches.
+Every handle offers ``fork()`` → an isolated branch handle, ``commit(branch)``, ``state()`` (the observable shared
+state) and ``close()``, which the launchers of the rubric stage use for counterfactual branches and rubric inputs.
 
 ``RUNTIME_FACTORIES`` is the worker registry the runtime starts its pools with: TextCraft through
 ``RuntimeTextCraftSession`` (the env team's session plus a read-only ``agent_status``, since the runtime must record
@@ -98,6 +98,10 @@ class TextCraftTreeEnv:
         """Returns the world digest."""
         return await self.pool.call(self.pool_tree_id, "digest")
 
+    async def state(self) -> dict:
+        """Returns the observable shared state (for rubric writers and judges): ``{"inventory": {...}}``."""
+        return {"inventory": await self.view_inventory()}
+
     async def fork(self) -> "TextCraftTreeEnv":
         """Returns a handle on an isolated branch of this tree (same worker)."""
         branch = TextCraftTreeEnv(self.pool, f"{self.pool_tree_id}/b{next(_branch_ids)}")
@@ -146,6 +150,10 @@ class PoolTextWorldEnv:
     async def digest(self) -> str:
         return await self.pool.call(self.pool_tree_id, "digest")
 
+    async def state(self) -> dict:
+        """Returns the world's object tree (spec §8), the observable state for rubric writers and judges."""
+        return await self.pool.call(self.pool_tree_id, "get_object_tree")
+
     async def fork(self) -> "PoolTextWorldEnv":
         branch = PoolTextWorldEnv(self.pool, f"{self.pool_tree_id}/b{next(_branch_ids)}")
         await self.pool.fork(self.pool_tree_id, branch.pool_tree_id)
@@ -188,6 +196,10 @@ class LocalTextWorldEnv:
 
     async def digest(self) -> str:
         return self.coordinator.digest()
+
+    async def state(self) -> dict:
+        """Returns the world's object tree (spec §8)."""
+        return self.coordinator.get_object_tree()
 
     async def fork(self) -> "LocalTextWorldEnv":
         return LocalTextWorldEnv(self.coordinator.fork())

@@ -125,7 +125,8 @@ class TreeRun:
         Returns the Turn (prompt ids as sent, completion ids, behaviour logprobs, policy version; the action and
         observation fields still empty) and the completion text with special tokens removed, for parsing."""
         s, tok = self.settings, self.tokenizer
-        prompt = build_prompt(tok, messages, s.max_prompt_tokens)
+        # Encoding a long prompt is milliseconds of CPU: off the event loop, so other agents keep going.
+        prompt = await asyncio.to_thread(build_prompt, tok, messages, s.max_prompt_tokens)
         messages[:] = prompt.messages
         params = s.sampling(self.stop_ids, len(prompt.ids))
         index = len(node.turns)
