@@ -46,3 +46,22 @@ def test_import_pretrained_round_trip(tmp_path):
     for name in b:
         np.testing.assert_array_equal(a[name], b[name])
     assert params["embed"]["embedding"].dtype == jnp.float32
+
+
+def test_cli_round_trip(tmp_path):
+    """``sera-export --import`` then ``sera-export``: the command line gives back the same tensors."""
+    import subprocess
+    import sys
+
+    make_hf_qwen3(tmp_path / "hf", tied=False)
+    run = [sys.executable, "-m", "sera_jax.cli"]
+    subprocess.run(run + [str(tmp_path / "hf"), str(tmp_path / "run"), "--import"], check=True, timeout=300)
+    out = subprocess.run(run + [str(tmp_path / "run"), str(tmp_path / "back"), "--dtype", "float32"], check=True,
+                         timeout=300, capture_output=True, text=True).stdout
+    assert '"version": 0' in out
+    from safetensors.numpy import load_file
+    a = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    b = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
