@@ -1,0 +1,128 @@
+"""The engine computes what the trainer's model computes: greedy tokens, behaviour logprobs, stop rules."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from sera_jax.sampling import Engine, SamplingParams
+from tests.sampling.conftest import Reference, engine_config, random_prompts, run
+
+GREEDY = SamplingParams(max_new_tokens=20, temperature=0.0)
+
+
+def test_greedy_equals_uncached_argmax_and_logprobs_equal_token_logprobs(engine, ref):
+    # Lengths cover: under one block, exact block multiples, and a prompt prefilled in two pieces (> 64 tokens).
+    prompts = random_prompts(1, 6, 3, 40) + [random_prompts(2, 1, 16, 16)[0], random_prompts(3, 1, 90, 90)[0]]
+    results = run([engine.generate(p, GREEDY) for p in prompts])
+    worst = 0.0
+    for p, r in zip(prompts, results):
+        assert r.finish_reason == "length" and len(r.token_ids) == 20
+        assert list(r.token_ids) == ref.greedy(p, 20)
+        worst = max(worst, float(np.max(np.abs(np.asarray(r.logprobs) - ref.logprobs(p, r.token_ids)))))
+        assert r.prompt_len == len(p) and r.policy_version == engine.version
+    print(f"fp32 max |engine logprob - token_logprobs| = {worst:.2e}")
+    assert worst <= 1e-4
+
+
+def test_sampled_logprobs_are_at_temperature_one(engine, ref):
+    p = random_prompts(4, 1, 20, 20)[0]
+    r = run(engine.generate(p, SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.9),
+                            key=jax.random.key(3)))
+    assert np.max(np.abs(np.asarray(r.logprobs) - ref.logprobs(p, r.token_ids))) <= 1e-4
+
+
+def test_bf16_sampler_gap(cfg, params, ref):
+    """bf16 sampler (bf16 weights, activations, KV cache) vs the fp32 trainer and vs a bf16-compute trainer."""
+    eng = Engine(cfg, params, engine_config(dtype="bfloat16", width_buckets=(16,), prefill_len_buckets=(64,)))
+    ref16 = Reference(cfg.replace(dtype="bfloat16"), params)
+    try:
+        prompts = random_prompts(5, 4, 10, 40)
+        results = run([eng.generate(p, GREEDY) for p in prompts])
+        gap32 = np.concatenate([np.abs(np.asarray(r.logprobs) - ref.logprobs(p, r.token_ids))
+                                for p, r in zip(prompts, results)])
+        gap16 = np.concatenate([np.abs(np.asarray(r.logprobs) - ref16.logprobs(p, r.token_ids))
+                                for p, r in zip(prompts, results)])
+        print(f"bf16 sampler vs fp32 token_logprobs: max |gap| = {gap32.max():.3e}, mean = {gap32.mean():.3e}; "
+              f"vs bf16-compute token_logprobs: max = {gap16.max():.3e}, mean = {gap16.mean():.3e}")
+        # Rounding gaps, not a different computation (a wrong token or position would be O(1) on most tokens).
+        assert gap32.mean() < 0.1 and gap16.mean() < 0.1
+        assert np.median(gap32) < 0.02
+    finally:
+        eng.close()
+
+
+def test_output_independent_of_batch_admission_time_and_prefix_cache(engine):
+    rs = np.random.RandomState(11)
+    target = rs.randint(0, 512, 37).tolist()
+    key = jax.random.key(42)
+    sp = SamplingParams(max_new_tokens=24, temperature=1.0)
+    alone = run(engine.generate(target, sp, key=key))
+
+    async def crowded():
+        # Other requests of other lengths admitted first, the target joins mid-decode of the others.
+        import asyncio
+        others = [asyncio.ensure_future(engine.generate(p, SamplingParams(max_new_tokens=30), key=jax.random.key(i)))
+                  for i, p in enumerate(random_prompts(12, 7, 5, 60))]
+        await asyncio.sleep(0.05)
+        res = await engine.generate(target, sp, key=key)
+        await asyncio.gather(*others)
+        return res
+
+    crowd = run(crowded())
+    # Its prefix was cached by the previous runs: now 4 full blocks come from the cache.
+    cached = run(engine.generate(target, sp, key=key))
+    assert cached.cached_prompt_tokens == 32
+    assert alone.token_ids == crowd.token_ids == cached.token_ids
+    np.testing.assert_allclose(alone.logprobs, cached.logprobs, atol=1e-4)  # fp32 summation order
+    np.testing.assert_allclose(alone.logprobs, crowd.logprobs, atol=1e-4)
+    # A longer prompt extending a cached generation reuses prompt + generated blocks.
+    follow = target + list(alone.token_ids) + [5, 6, 7]
+    r = run(engine.generate(follow, GREEDY))
+    assert r.cached_prompt_tokens == ((len(target) + len(alone.token_ids) - 1) // 8) * 8
+
+
+def test_eight_identical_prompts_prefill_once(engine):
+    prompt = random_prompts(13, 1, 61, 61)[0]
+    before = engine.stats()["prefill_tokens"]
+    results = run([engine.generate(prompt, SamplingParams(max_new_tokens=4), key=jax.random.key(i))
+                   for i in range(8)])
+    prefilled = engine.stats()["prefill_tokens"] - before
+    # First request computes all 61; the other 7 reuse its 7 full blocks and compute only the last block's 5.
+    assert prefilled == 61 + 7 * 5, prefilled
+    assert sorted(r.cached_prompt_tokens for r in results) == [0] + [56] * 7
+
+
+def test_sampling_is_deterministic_given_key(engine):
+    p = random_prompts(14, 1, 25, 25)[0]
+    sps = [SamplingParams(max_new_tokens=16, temperature=1.0), SamplingParams(max_new_tokens=16, temperature=1.5,
+                                                                               top_p=0.95)]
+    for sp in sps:
+        a, b, c = run([engine.generate(p, sp, key=jax.random.key(1)), engine.generate(p, sp, key=jax.random.key(1)),
+                       engine.generate(p, sp, key=jax.random.key(2))])
+        # Same key, same tokens (b reuses a's cached prefix, so logprobs agree to fp32 summation order).
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+        assert a.token_ids != c.token_ids
+    # top_p that keeps only the top token is greedy.
+    g = run(engine.generate(p, SamplingParams(max_new_tokens=16, temperature=1.0, top_p=1e-6), key=jax.random.key(5)))
+    assert g.token_ids == run(engine.generate(p, SamplingParams(max_new_tokens=16, temperature=0.0))).token_ids
+
+
+def test_stop_ids_and_multi_token_stop_strings(engine):
+    tok = engine.tokenizer
+    p = random_prompts(15, 1, 20, 20)[0]
+    full = run(engine.generate(p, SamplingParams(max_new_tokens=24, temperature=0.0))).token_ids
+    # A stop id: the turn ends at its first occurrence, which is included.
+    stop = full[6]
+    r = run(engine.generate(p, SamplingParams(max_new_tokens=24, temperature=0.0, stop_ids=(stop,))))
+    assert r.finish_reason == "stop_id" and r.token_ids == full[: full.index(stop) + 1]
+    # A stop string spanning tokens 9..11 (found on the host, across chunk boundaries of 8 tokens).
+    s = tok.decode(full[9:12])
+    expect = next(n for n in range(1, 25) if s in tok.decode(full[:n]))
+    r = run(engine.generate(p, SamplingParams(max_new_tokens=24, temperature=0.0, stop_strings=(s, "never!"))))
+    assert r.finish_reason == "stop_string" and r.token_ids == full[:expect]
+    assert len(r.logprobs) == len(r.token_ids)
+    # '</python>' assembled from several pieces.
+    text_ids = [6, 7, 5]  # "</" "python" ">"
+    assert tok.decode(text_ids) == "</python>"
