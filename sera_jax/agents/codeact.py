@@ -137,8 +137,9 @@ class CodeActEpisode(Episode):
         """Registers ``spec`` in ``env`` (default: this tree's shared world), runs its episode; returns its Node."""
         env = env if env is not None else self.env
         start_inventory = await env.add_agent(spec.child_id, spec.targets or {}, self.node.id)
+        misc = {"target_items": dict(spec.targets or {}), "initial_inventory": dict(start_inventory)}
+        plan = await env.local_plan(spec.child_id)  # for labels and judges only (spec §1.4)
+        misc.update({"local_gold_trajectory": plan} if plan is not None else {"local_gold_unavailable": True})
         child = self.run.new_node(spec.child_id, spec.goal, depth=spec.depth, parent_id=self.node.id,
-                                  fork_step=len(self.node.turns), max_steps=spec.max_steps,
-                                  task_misc={"target_items": dict(spec.targets or {}),
-                                             "initial_inventory": dict(start_inventory)})
+                                  fork_step=len(self.node.turns), max_steps=spec.max_steps, task_misc=misc)
         return await run_episode(CodeActEpisode(self.run, child, env))

@@ -47,6 +47,13 @@ class RuntimeTextCraftSession(TextCraftSession):
         return {"known": True, "finish_message": rec.finish_message, "depth": rec.depth,
                 "start_inventory": dict(rec.start_inventory)}
 
+    def local_plan(self, agent_id: str) -> list | None:
+        """Returns a gold plan for the agent's targets from its start inventory (None when none exists)."""
+        from envs_py.textcraft.solver import gold_plan
+
+        rec = self.world.agents.get(agent_id)
+        return None if rec is None else gold_plan(self.world.book, rec.start_inventory, rec.targets)
+
     def fork(self) -> "RuntimeTextCraftSession":
         """Returns a branch of the same class (isolated world copy, fresh sandboxes)."""
         return RuntimeTextCraftSession(self.world.fork(), self.limits, self.pool)
@@ -81,6 +88,10 @@ class TextCraftTreeEnv:
     async def run_cell(self, agent_id: str, code: str, launch) -> dict:
         """Runs one cell in the agent's sandbox; returns output/error/ok/limit/restarted/finished."""
         return await self.pool.run_cell(self.pool_tree_id, agent_id, code, launch)
+
+    async def local_plan(self, agent_id: str) -> list | None:
+        """Returns the agent's gold plan from its start inventory, or None (never shown to the model)."""
+        return await self.pool.call(self.pool_tree_id, "local_plan", agent_id)
 
     async def status(self, agent_id: str) -> dict:
         """Returns the agent's finish message, depth and start inventory."""

@@ -138,7 +138,26 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
                 await env.close()
             except Exception:  # noqa: BLE001  (freeing a failed tree's world may fail too; nothing to keep)
                 pass
+    tree.misc["stats"] = tree_stats(tree)
     return tree
+
+
+def tree_stats(tree: Tree) -> dict:
+    """Returns counts over a tree: nodes, successful nodes, deepest depth, turns, generated turns and tokens,
+    delegations (accepted / refused), direct children of the root, and agents that ended with an error."""
+    nodes = list(tree.nodes.values())
+    turns = [t for n in nodes for t in n.turns]
+    return {
+        "nodes": len(nodes), "subagent_nodes": len(nodes) - 1,
+        "successful_nodes": sum(1 for n in nodes if n.env_labels.get("success") == 1.0),
+        "max_depth": max((n.depth for n in nodes), default=0), "turns": len(turns),
+        "generated_turns": sum(1 for t in turns if t.completion_id is not None),
+        "completion_tokens": sum(len(t.completion_ids) for t in turns),
+        "delegations": sum(1 for d in tree.delegations if d.kind != "refused"),
+        "refused_delegations": sum(1 for d in tree.delegations if d.kind == "refused"),
+        "root_direct_children": sum(1 for n in nodes if n.parent_id == tree.root_id),
+        "agent_errors": sum(1 for n in nodes if n.rollout_error_zero_reward),
+    }
 
 
 async def run_trees(tasks: Sequence[Any], env_name: str, generator: Generator, tokenizer: Any,

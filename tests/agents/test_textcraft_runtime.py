@@ -57,6 +57,11 @@ def test_nested_delegation_to_depth_3_and_refusal_at_4(tc_task, tok):
     assert "Context provided from parent agent: two raw_o5 per four" in tree.nodes[C1].goal
     assert "Context provided from parent agent: two raw_o5 per four" in tok.decode(tree.nodes[C1].turns[0].prompt_ids)
     assert tree.nodes[C3].task_misc["initial_inventory"] == {"raw_o7": 3, "raw_o5": 9, "raw_t6": 1}
+    assert tree.nodes[C3].task_misc["local_gold_trajectory"][0]["target"] == ["o3_i1", 1]
+    assert tree.misc["stats"] == {
+        "nodes": 4, "subagent_nodes": 3, "successful_nodes": 4, "max_depth": 3, "turns": 8, "generated_turns": 8,
+        "completion_tokens": sum(len(t.completion_ids) for n in tree.nodes.values() for t in n.turns),
+        "delegations": 3, "refused_delegations": 1, "root_direct_children": 1, "agent_errors": 0}
     # Labels: depth 3 crafted its target; the others finished with their target made by a descendant.
     assert [tree.nodes[n].env_labels["success"] for n in ("root", C1, C2, C3)] == [1.0, 1.0, 1.0, 1.0]
     assert tree.root.turns[-1].reward_misc["reward/success"] == 1.0
