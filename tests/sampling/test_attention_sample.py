@@ -1,0 +1,65 @@
+"""The paged attention reference equals dense causal attention; the sampler's rules (greedy, top-p, keys)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sera_jax.model.qwen3 import dense_attention
+from sera_jax.sampling.attention import paged_attention
+from sera_jax.sampling.sample import sample_tokens
+
+
+def test_paged_attention_equals_dense_over_scattered_blocks():
+    rs = np.random.RandomState(0)
+    b, h, kv, e, s, n_blocks, w = 2, 4, 2, 8, 4, 16, 5
+    full_len = [13, 9]  # tokens per row: ctx cached + t new
+    t = 3
+    q_all = rs.randn(b, max(full_len), h, e).astype(np.float32)
+    k_all = rs.randn(b, max(full_len), kv, e).astype(np.float32)
+    v_all = rs.randn(b, max(full_len), kv, e).astype(np.float32)
+    k_pool = rs.randn(1, n_blocks, s, kv, e).astype(np.float32)  # garbage everywhere not written below
+    v_pool = rs.randn(1, n_blocks, s, kv, e).astype(np.float32)
+    table = np.zeros((b, w), np.int32)
+    perm = rs.permutation(np.arange(1, n_blocks))
+    ctx = np.array([n - t for n in full_len], np.int32)
+    q_new = np.zeros((b, t, h, e), np.float32)
+    k_new = np.zeros((b, t, kv, e), np.float32)
+    v_new = np.zeros((b, t, kv, e), np.float32)
+    for r in range(b):
+        table[r] = perm[r * w:(r + 1) * w]
+        for p in range(ctx[r]):
+            k_pool[0, table[r, p // s], p % s] = k_all[r, p]
+            v_pool[0, table[r, p // s], p % s] = v_all[r, p]
+        q_new[r] = q_all[r, ctx[r]:ctx[r] + t]
+        k_new[r] = k_all[r, ctx[r]:ctx[r] + t]
+        v_new[r] = v_all[r, ctx[r]:ctx[r] + t]
+    out = paged_attention(q_new, k_new, v_new, k_pool, v_pool, jnp.int32(0), table, ctx)
+    for r in range(b):
+        n = full_len[r]
+        dense, _ = dense_attention(q_all[r:r + 1, :n], k_all[r:r + 1, :n], v_all[r:r + 1, :n], None,
+                                   {"segment_ids": np.ones((1, n), np.int32)})
+        np.testing.assert_allclose(out[r], dense[0, n - t:n], atol=1e-5)
+
+
+def test_sampler_greedy_top_p_and_per_row_keys():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 4, jnp.float32))
+    keys = jax.random.key_data(jax.random.split(jax.random.key(0), 4))
+    temp = jnp.array([0.0, 1.0, 1.0, 1.0])
+    top_p = jnp.array([1.0, 1.0, 0.5, 0.79])
+    draws = []
+    sample = jax.jit(sample_tokens)
+    for step in range(200):
+        tok, lp = sample(logits, temp, top_p, keys, jnp.full((4,), step, jnp.int32))
+        draws.append(np.asarray(tok))
+        np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3, 0.15, 0.05]))[np.asarray(tok)], rtol=1e-6)
+    d = np.stack(draws)
+    assert (d[:, 0] == 0).all()  # greedy
+    assert len(set(d[:, 1])) >= 3  # the full distribution
+    assert set(d[:, 2]) == {0}  # nucleus 0.5 keeps only the top token
+    assert set(d[:, 3]) == {0, 1}  # 0.5 + 0.3 ≥ 0.79: two tokens
+    # A row's draw depends only on its own key and step, not on the other rows.
+    tok_a, _ = sample(logits[:2], temp[:2] * 0 + 1, top_p[:2] * 0 + 1, keys[:2], jnp.array([3, 3]))
+    tok_b, _ = sample(logits[1:], temp[1:] * 0 + 1, top_p[1:] * 0 + 1, keys[1:], jnp.array([3, 3, 3]))
+    assert int(tok_a[1]) == int(tok_b[0])
