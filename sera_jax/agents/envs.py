@@ -71,10 +71,12 @@ class TextCraftTreeEnv:
         self.pool, self.pool_tree_id = pool, pool_tree_id
 
     @classmethod
-    async def create(cls, pool: Any, tree_id: str, task: Any, *, max_steps: int, sandbox_spares: int = 0):
+    async def create(cls, pool: Any, tree_id: str, task: Any, *, max_steps: int, sandbox_spares: int = 0,
+                     limits: Any = None):
         """Returns a handle on a fresh tree for ``task`` (root agent ``"root"``) in ``pool``."""
         env = cls(pool, _pool_tree_id(tree_id))
-        await pool.create(env.pool_tree_id, "textcraft", task, max_steps=max_steps, sandbox_spares=sandbox_spares)
+        await pool.create(env.pool_tree_id, "textcraft", task, max_steps=max_steps, sandbox_spares=sandbox_spares,
+                          limits=limits)
         return env
 
     async def observe(self, agent_id: str) -> str:

@@ -6,6 +6,7 @@ host, in any process, after any restart draws the same key for the same turn: a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import jax
@@ -16,17 +17,28 @@ def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
+def _on_host():
+    # Keys are made on the event loop for every turn: keep them on the host CPU so that no accelerator dispatch
+    # (and no device sync) sits between agents; the engine reads the key words anyway.
+    try:
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:
+        return contextlib.nullcontext()
+
+
 def tree_key(seed: int, policy_version: int, task_id: str, rollout_index: int) -> jax.Array:
     """Returns the root key of one tree: ``key(seed)`` folded with the version, the task id hash and the rollout."""
-    k = jax.random.key(int(seed) & 0xFFFFFFFF)
-    k = jax.random.fold_in(k, int(policy_version) & 0x7FFFFFFF)
-    k = jax.random.fold_in(k, stable_hash(str(task_id)))
-    return jax.random.fold_in(k, int(rollout_index) & 0x7FFFFFFF)
+    with _on_host():
+        k = jax.random.key(int(seed) & 0xFFFFFFFF)
+        k = jax.random.fold_in(k, int(policy_version) & 0x7FFFFFFF)
+        k = jax.random.fold_in(k, stable_hash(str(task_id)))
+        return jax.random.fold_in(k, int(rollout_index) & 0x7FFFFFFF)
 
 
 def turn_key(tree_root: jax.Array, node_path: str, turn: int) -> jax.Array:
     """Returns the key of one agent turn: the tree key folded with the node path hash and the turn index."""
-    return jax.random.fold_in(jax.random.fold_in(tree_root, stable_hash(node_path)), int(turn))
+    with _on_host():
+        return jax.random.fold_in(jax.random.fold_in(tree_root, stable_hash(node_path)), int(turn))
 
 
 def key_data(key: jax.Array) -> list[int]:

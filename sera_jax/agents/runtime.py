@@ -99,7 +99,8 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
     try:
         if env_name == TEXTCRAFT:
             env = await TextCraftTreeEnv.create(pool, tree.id, task, max_steps=settings.max_steps,
-                                                sandbox_spares=settings.sandbox_spares)
+                                                sandbox_spares=settings.sandbox_spares,
+                                                limits=settings.cell_limits)
             root = run.new_node(ROOT_ID, task.goal, depth=0, parent_id=None, fork_step=None,
                                 max_steps=settings.max_steps,
                                 task_misc={"target_items": dict(task.payload.get("target_items", {})),

@@ -8,6 +8,7 @@ be shared by every tree of a run.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from sera_jax.sampling.types import SamplingParams
 
@@ -35,6 +36,7 @@ class RuntimeSettings:
     step_timeout_s: limit on one generation call; tree_timeout_s: limit on the whole tree (then its agents are
     recorded with the rollout error and zero reward).
     sandbox_spares: pre-started TextCraft sandboxes per env worker (0 = start one per agent on demand).
+    cell_limits: per-cell sandbox limits (``envs_py.sandbox.Limits``; None = the sandbox defaults).
     subagents_enabled: TextWorld may hide delegation entirely (the flat variant).
     """
 
@@ -55,6 +57,7 @@ class RuntimeSettings:
     step_timeout_s: float = 1800.0
     tree_timeout_s: float = 3600.0
     sandbox_spares: int = 0
+    cell_limits: Any = None
     subagents_enabled: bool = True
 
     def __post_init__(self) -> None:

@@ -207,3 +207,13 @@ def test_deterministic_mode_replays_exactly(tc_task, tok):
     c, _ = run(tc_task, tok, script, deterministic=True, seed=4)
     assert c.root.turns[0].logprobs != a.root.turns[0].logprobs  # the seed reaches the turn keys
     assert c.root.turns[0].completion_ids == a.root.turns[0].completion_ids
+
+
+def test_cell_limits_are_turn_errors_and_the_agent_goes_on(tc_task, tok):
+    from envs_py.sandbox import Limits
+
+    script = {"root": [py("while True:\n    pass"), py("print('still here')\nfinish('ok')")]}
+    tree, _ = run(tc_task, tok, script, cell_limits=Limits(cpu_s=0.5, wall_s=2.0))
+    spin, after = tree.root.turns
+    assert spin.misc["cell_limit"] in ("cpu", "wall", "killed") and (spin.error or spin.output)
+    assert after.output.startswith("still here") and tree.root.finish_message == "ok"
