@@ -69,8 +69,8 @@ class CodeActEpisode(Episode):
     async def act(self, turn: Turn, text: str) -> None:
         thought, code = parse_reply(text)
         turn.thought, turn.code = thought, code
+        await self._run_cell(turn, code)  # launchers see the conversation before this action, as in TextWorld
         self.messages.append({"role": "assistant", "content": assistant_message(thought, code)})
-        await self._run_cell(turn, code)
         self.messages.append({"role": "user", "content": observation_text(turn.index + 1, turn.output, turn.error)})
 
     async def _run_cell(self, turn: Turn, code: str) -> None:

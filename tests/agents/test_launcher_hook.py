@@ -53,7 +53,7 @@ def test_textcraft_branching_launcher(tc_task, tok):
     seen = launcher.seen[0]
     assert seen["parent"] == "root" and seen["fork_step"] == 1
     assert "launch_subagent({'o3_i1': 4})" in seen["action"]
-    assert seen["roles"] == ["system", "user", "assistant", "user", "assistant"]
+    assert seen["roles"] == ["system", "user", "assistant", "user"]  # before the delegating action
     assert seen["state"] == {"inventory": {"raw_o7": 3, "raw_o5": 9, "raw_t6": 1}}
     assert tree.root.turns[1].output == "made\n\nSelected branch: 0; counterfactual branches collected: 2.\n\n"
     # Both branches crafted in isolation; only branch 0's world was committed (4, not 8, o3_i1).
@@ -70,6 +70,7 @@ def test_textworld_branching_launcher(tw_task, tok):
     tree = asyncio.run(run_tree(tw_task, "textworld_sync", ScriptedGenerator(tok, script), tok,
                                 RuntimeSettings.for_env("textworld_sync"), launcher=launcher))
     assert "dishes" in launcher.seen[0]["state"] and launcher.seen[0]["action"].startswith("<delegate>")
+    assert launcher.seen[0]["roles"] == ["system", "user"]
     assert tree.root.turns[0].output.startswith("took it\n\nSelected branch: 0")
     assert tree.delegations[0].result == tree.root.turns[0].output
 
