@@ -37,7 +37,7 @@ def resolve_impl(impl: str | None = None) -> str:
 def flash_training_attention(q_BTHE, k_BTKE, v_BTKE, layer_cache, aux, **kernel_kwargs):
     """``dense_attention``-compatible: returns (flash_attention(q, k, v, aux["segment_ids"]), layer_cache)."""
     seg = aux["segment_ids"]
-    return flash_attention(q_BTHE, k_BTKE, v_BTKE, seg, causal=True, **kernel_kwargs), layer_cache
+    return flash_attention(q_BTHE, k_BTKE, v_BTKE, seg, **kernel_kwargs), layer_cache  # causal by default
 
 
 def cudnn_training_attention(q_BTHE, k_BTKE, v_BTKE, layer_cache, aux):
