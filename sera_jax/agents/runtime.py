@@ -1,12 +1,20 @@
 """Top level of the recursive runtime: run one tree, or many concurrently, against a Generator.
 
-    trees = await run_trees(tasks, "textcraft", engine, tokenizer, RuntimeSettings.for_env("textcraft"),
-                            rollouts_per_task=8, pool=pool)
+How train.py / evaluate.py call it (one event loop per host process)::
+
+    settings = RuntimeSettings.for_env("textcraft", evaluation=False, seed=run_seed, policy_version=v)
+    pool = await start_pool(workers=8)                      # env worker processes on this host
+    trees = await run_trees(tasks, "textcraft", engine, tokenizer, settings, rollouts_per_task=8, pool=pool,
+                            max_concurrent=64, pinning=Pinning(num_hosts, host_index),
+                            launcher_factory=lambda task, r: DefaultLauncher())   # issue 7: rubric / branches
+    write_jsonl(trees, path)                                # records.py; credit assignment reads these
+    await pool.close()
 
 Every agent turn awaits ``generator.generate`` (the engine batches all pending turns of all trees); env work runs in
-env worker processes (``envs_py.workers.WorkerPool``), so neither blocks the event loop. Each tree's root key is
-derived from (seed, policy version, task id, rollout index) unless a key is given; each turn folds in the node path
-and the turn index. ``RuntimeSettings.deterministic`` makes a tree replay exactly from its seed.
+env worker processes (``envs_py.workers.WorkerPool``) and prompt encoding in a thread, so neither blocks the event
+loop. Each tree's root key is derived from (seed, policy version, task id, rollout index) unless a key is given;
+each turn folds in the node path and the turn index. ``RuntimeSettings.deterministic`` makes a tree replay exactly
+from its seed (agents of a tree act one at a time, siblings in launch order).
 
 Multi-host: each host process runs its own engine, its own WorkerPool and this runtime over the trees ``Pinning``
 assigns to it (``Pinning(num_hosts, host_index).local(items)``); nothing here is shared across hosts.
