@@ -106,12 +106,24 @@ def test_dead_worker_and_failing_generator_are_recorded_not_raised(tc_task, tw_t
 
             broken = await run_tree(tw_task, "textworld_sync", ScriptedGenerator(tok, script), tok,
                                     RuntimeSettings.for_env("textworld_sync"))
-            return dead, broken
+
+            def crash_child(info, prompt_ids):
+                if info.node_id != "root":
+                    raise RuntimeError("child generation failed")
+                return ['<delegate>{"goal": "anything"}</delegate>', "<finish>carried on</finish>"][info.turn]
+
+            crashed = await run_tree(tw_task, "textworld_sync", ScriptedGenerator(tok, crash_child), tok,
+                                     RuntimeSettings.for_env("textworld_sync"))
+            return dead, broken, crashed
         finally:
             await pool.close()
 
-    dead, broken = asyncio.run(main())
+    dead, broken, crashed = asyncio.run(main())
     assert dead.root.rollout_error_zero_reward and dead.root.reward == 0.0
     assert dead.root.error_message.startswith("Error in episode loop at step 0: WorkerDied")
     assert broken.root.rollout_error_zero_reward and len(broken.root.turns) == 1
     assert "RuntimeError: engine fell over" in broken.root.error_message
+    # A crashed child is reported to its parent, which carries on.
+    assert "result: SubAgent crashed: Error in episode loop at step 0: RuntimeError: child generation failed" in \
+        crashed.root.turns[0].output
+    assert crashed.root.finish_message == "carried on" and not crashed.root.rollout_error_zero_reward
