@@ -57,7 +57,7 @@ class TextWorldEpisode(Episode):
         return _over(self.infos)
 
     async def act(self, turn: Turn, text: str) -> None:
-        node, run, s = self.node, self.run, self.run.settings
+        node = self.node
         reply = parse_reply(text)
         turn.code = text  # the whole reply: credit assignment finds the delegate block in it
         turn.misc["reply_kind"] = reply.kind
