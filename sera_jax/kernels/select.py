@@ -12,15 +12,18 @@ the engine in the import order. Override with the environment variable ``SERA_AT
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from sera_jax.kernels import sharding
 from sera_jax.kernels._common import on_gpu
 from sera_jax.kernels.flash_attention import flash_attention
 from sera_jax.kernels.paged_attention import paged_attention as paged_attention_kernel
+from sera_jax.kernels.sharding import logical_shard_map
 
 IMPLS = ("reference", "pallas", "cudnn")
 ENV = "SERA_ATTENTION_IMPL"
@@ -35,9 +38,22 @@ def resolve_impl(impl: str | None = None) -> str:
 
 
 def flash_training_attention(q_BTHE, k_BTKE, v_BTKE, layer_cache, aux, **kernel_kwargs):
-    """``dense_attention``-compatible: returns (flash_attention(q, k, v, aux["segment_ids"]), layer_cache)."""
-    seg = aux["segment_ids"]
-    return flash_attention(q_BTHE, k_BTKE, v_BTKE, seg, **kernel_kwargs), layer_cache  # causal by default
+    """``dense_attention``-compatible: returns (flash_attention(q, k, v, aux["segment_ids"]), layer_cache).
+
+    Under a mesh (``parallel.mesh.activate``) the kernel runs per device on its rows and head groups.
+    """
+    kernel = functools.partial(flash_attention, **kernel_kwargs)  # causal by default
+    run = logical_shard_map(kernel, (sharding.Q, sharding.KV, sharding.KV, sharding.ROWS), sharding.Q)
+    return run(q_BTHE, k_BTKE, v_BTKE, aux["segment_ids"]), layer_cache
+
+
+def sharded_paged_attention(q_BTHE, k_BTKE, v_BTKE, k_pool, v_pool, layer, block_table_BW, ctx_len_B, **kernel_kwargs):
+    """The engine-signature Pallas paged attention, run per device under a mesh; returns out [B, T, H, E]."""
+    kernel = functools.partial(paged_attention_kernel, **kernel_kwargs)
+    specs = (sharding.Q, sharding.KV, sharding.KV, sharding.POOL, sharding.POOL, None, sharding.TABLE,
+             sharding.LENGTHS)
+    return logical_shard_map(kernel, specs, sharding.Q)(q_BTHE, k_BTKE, v_BTKE, k_pool, v_pool, layer,
+                                                         block_table_BW, ctx_len_B)
 
 
 def cudnn_training_attention(q_BTHE, k_BTKE, v_BTKE, layer_cache, aux):
@@ -66,4 +82,4 @@ def select_paged_attention(reference: Callable, impl: str | None = None) -> Call
     ``cudnn`` has no paged form, so it means the Pallas kernel here.
     """
     impl = resolve_impl(impl)
-    return reference if impl == "reference" else paged_attention_kernel
+    return reference if impl == "reference" else sharded_paged_attention

@@ -22,7 +22,7 @@ def test_reference_on_cpu_kernels_on_request(monkeypatch):
     assert select.select_paged_attention(ref) is ref
     assert select.select_training_attention(dense_attention, "pallas") is select.flash_training_attention
     assert select.select_training_attention(dense_attention, "cudnn") is select.cudnn_training_attention
-    assert select.select_paged_attention(ref, "pallas") is paged_kernel
+    assert select.select_paged_attention(ref, "pallas") is select.sharded_paged_attention
     monkeypatch.setenv(select.ENV, "pallas")
     assert select.resolve_impl() == "pallas"
     monkeypatch.setenv(select.ENV, "triton")
