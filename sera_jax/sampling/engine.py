@@ -262,7 +262,9 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Returns counters: prefill/cached/generated tokens, calls, finish reasons, and block usage now and at peak."""
         with self._lock:
-            s = dict(self.sched.stats)
+            s = {k: 0 for k in ("admitted", "prefill_tokens", "cached_tokens", "generated_tokens", "prefill_calls",
+                                "decode_calls", "cancelled")}
+            s.update(self.sched.stats)
             blocks = self.sched.blocks
             s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),
                      blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),

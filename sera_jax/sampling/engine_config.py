@@ -53,6 +53,7 @@ class EngineConfig:
     min_prefill_len: int = 16
     max_stop_ids: int = 4
     dtype: str = "bfloat16"
+    prefix_caching: bool = True  # False: every prompt is computed in full (for benchmarks and A/B checks)
     batch_buckets: tuple[int, ...] = ()  # default: powers of two up to max_batch
     prefill_batch_buckets: tuple[int, ...] = ()  # default: powers of two up to max_prefill_batch
     prefill_len_buckets: tuple[int, ...] = ()  # default: powers of two from min_prefill_len to max_prefill_len

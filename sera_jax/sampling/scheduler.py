@@ -108,7 +108,7 @@ class Scheduler:
         p = len(req.prompt)
         req.prompt_digests = chain_digests(req.prompt, bs)
         # The block holding the last prompt token is never shared: its logits must be computed.
-        shareable = req.prompt_digests[: (p - 1) // bs]
+        shareable = req.prompt_digests[: (p - 1) // bs] if self.config.prefix_caching else []
         shared, pending = self.blocks.match(shareable)
         if pending:
             return "defer"
@@ -121,7 +121,7 @@ class Scheduler:
         req.blocks = shared + fresh
         req.cached_tokens = req.prefilled = len(shared) * bs
         # Index this prompt's own full blocks now (pending), so identical prompts in flight share them.
-        n_full = p // bs
+        n_full = p // bs if self.config.prefix_caching else 0
         self.blocks.register(req.blocks[len(shared):n_full], req.prompt_digests[len(shared):n_full], ready=False)
         req.slot = free_slots[0]
         req.version = self.version
@@ -267,7 +267,7 @@ class Scheduler:
     def _retire(self, req: Request, register: bool, reason: str = "cancelled") -> GenerationResult:
         """Frees ``req``'s slot and blocks (indexing its computed full blocks first); returns its result."""
         req.finished = True
-        if register and req.decoding:
+        if register and req.decoding and self.config.prefix_caching:
             # K/V exist for the prompt and every kept generated token but the last.
             seq = req.prompt + req.tokens[:-1]
             n_full = len(seq) // self.config.block_size

@@ -1,0 +1,151 @@
+"""Rollout engine vs transformers ``generate`` on CPU, and the prefix cache on 8 branches of one shared prompt.
+
+Usage: ``python tools/bench_decode.py [--quick]``.
+
+Both sides run the same random Qwen3 weights (written once with ``save_pretrained`` and loaded by transformers'
+``Qwen3ForCausalLM``), fp32, greedy, a fixed number of new tokens (no stop), on this machine's CPU cores. The model
+is a small Qwen3 (bigger than the test model, so the numbers include real matmul work, not only dispatch overhead);
+it is still tiny next to Qwen3-4B, so these ratios say how much per-token overhead the engine removes, not what a
+GPU will do (``tools/gpu_decode.sh`` measures that).
+
+1. Decode throughput at batch 1, 8, 32 (prompt 64 tokens, 128 new tokens): tokens/s of each and the ratio.
+2. 8 branches from one 2,048-token prompt (as at a delegation point), 32 new tokens each: with the prefix cache
+   (the first branch prefills the prompt, the other 7 reuse its blocks) vs without: prefilled tokens and wall time.
+
+Each timed run follows an untimed warm-up run of the same shapes (compilation excluded). Ends with a RESULT line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sera_jax.model import Qwen3Config, init_params, save_pretrained  # noqa: E402
+from sera_jax.sampling import Engine, EngineConfig, SamplingParams  # noqa: E402
+
+
+def bench_config(quick: bool) -> Qwen3Config:
+    """Returns the benchmark model: ~7M parameters (quick: ~2M), GQA 2:1, tied embeddings."""
+    if quick:
+        return Qwen3Config(vocab_size=2048, hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
+                           num_kv_heads=2, head_dim=32, rope_theta=10_000.0, max_position_embeddings=4096)
+    return Qwen3Config(vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
+                       num_kv_heads=4, head_dim=32, rope_theta=10_000.0, max_position_embeddings=4096)
+
+
+def run_engine(engine: Engine, prompts, sp: SamplingParams, keys=None):
+    """Returns (results, seconds) of generating all prompts concurrently."""
+    async def main():
+        return await asyncio.gather(*[engine.generate(p, sp, key=None if keys is None else keys[i])
+                                      for i, p in enumerate(prompts)])
+    t0 = time.perf_counter()
+    res = asyncio.run(main())
+    return res, time.perf_counter() - t0
+
+
+def hf_generate(model, prompts, new_tokens):
+    """Returns seconds for transformers' greedy generate of ``new_tokens`` per row (equal-length prompts)."""
+    import torch
+
+    ids = torch.as_tensor(np.asarray(prompts), dtype=torch.long)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    dt = time.perf_counter() - t0
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return dt, out[:, ids.shape[1]:].numpy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller model and fewer tokens (a smoke run)")
+    args = ap.parse_args()
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = bench_config(args.quick)
+    new_tokens = 32 if args.quick else 128
+    batches = (1, 8) if args.quick else (1, 8, 32)
+    shared_len = 512 if args.quick else 2048
+    branch_new = 8 if args.quick else 32
+    prompt_len = 64
+    params = jax.tree.map(lambda x: x * 2.0, init_params(jax.random.key(0), cfg))
+    print(f"model: Qwen3 vocab={cfg.vocab_size} hidden={cfg.hidden_size} layers={cfg.num_layers} heads={cfg.num_heads}"
+          f"/{cfg.num_kv_heads} ({cfg.num_params() / 1e6:.1f}M params, fp32), CPU x{os.cpu_count()}, jax "
+          f"{jax.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print("(a small model so the comparison includes matmul work; far from Qwen3-4B, see tools/gpu_decode.sh)")
+
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(cfg, params, d)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+
+    ec = EngineConfig(max_batch=max(batches), block_size=16, num_blocks=2048, max_context=shared_len + 256,
+                      chunk_steps=32, max_prefill_len=shared_len, max_prefill_batch=8,
+                      max_prefill_tokens=4 * shared_len, dtype="float32", batch_buckets=batches,
+                      prefill_batch_buckets=(1, 8), prefill_len_buckets=(16, 64, shared_len),
+                      width_buckets=(8, 32))
+    engine = Engine(cfg, params, ec)
+    t0 = time.perf_counter()
+    n = engine.warmup()
+    print(f"engine warm-up: {n} executables compiled in {time.perf_counter() - t0:.1f} s (excluded below)")
+    rs = np.random.RandomState(0)
+    greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
+
+    rows, ratios = [], {}
+    print(f"\n{'batch':>5} {'engine tok/s':>13} {'transformers tok/s':>19} {'ratio':>6}   (prompt {prompt_len}, "
+          f"{new_tokens} new tokens, greedy)")
+    for b in batches:
+        warm = rs.randint(0, cfg.vocab_size, (b, prompt_len)).tolist()
+        prompts = rs.randint(0, cfg.vocab_size, (b, prompt_len)).tolist()
+        run_engine(engine, warm, greedy)
+        c0 = engine.compile_count()
+        res, t_eng = run_engine(engine, prompts, greedy)
+        assert engine.compile_count() == c0, "the timed run compiled"
+        hf_generate(hf, warm, new_tokens)
+        t_hf, hf_tokens = hf_generate(hf, prompts, new_tokens)
+        agree = np.mean([np.mean(np.asarray(r.token_ids) == h) for r, h in zip(res, hf_tokens)])
+        e_tps, h_tps = b * new_tokens / t_eng, b * new_tokens / t_hf
+        ratios[b] = e_tps / h_tps
+        rows.append((b, e_tps, h_tps))
+        print(f"{b:>5} {e_tps:>13.0f} {h_tps:>19.0f} {ratios[b]:>5.1f}x   (greedy tokens agree: {agree:.1%})")
+    engine.close()
+
+    # --- 8 branches of one shared prompt ---
+    branch, compiled_in_timed = {}, {}
+    sp = SamplingParams(max_new_tokens=branch_new, temperature=1.0)
+    for caching in (True, False):
+        eng = Engine(cfg, params, dataclasses.replace(ec, prefix_caching=caching))
+        eng.warmup()
+        for trial in ("warm-up", "timed"):
+            shared = rs.randint(0, cfg.vocab_size, shared_len).tolist()
+            before = eng.stats()["prefill_tokens"]
+            c0 = eng.compile_count()
+            _, t = run_engine(eng, [shared] * 8, sp, keys=[jax.random.key(i) for i in range(8)])
+            compiled_in_timed[caching] = eng.compile_count() - c0
+            branch[caching] = (eng.stats()["prefill_tokens"] - before, t)
+        eng.close()
+    assert not any(compiled_in_timed.values()), f"the timed branch runs compiled: {compiled_in_timed}"
+    (pc, tc), (pn, tn) = branch[True], branch[False]
+    print(f"\n8 branches x {branch_new} new tokens from one {shared_len}-token prompt:")
+    print(f"  prefix cache on : {pc:>6} prefilled tokens, {tc:6.2f} s")
+    print(f"  prefix cache off: {pn:>6} prefilled tokens, {tn:6.2f} s")
+    print(f"  -> {pn / pc:.1f}x fewer prefilled tokens, {tn / tc:.1f}x faster")
+    res = " ".join(f"b{b}_engine_tps={e:.0f} b{b}_hf_tps={h:.0f} b{b}_ratio={e / h:.2f}" for b, e, h in rows)
+    print(f"RESULT {res} branch8_prefill_ratio={pn / pc:.2f} branch8_speedup={tn / tc:.2f} "
+          f"branch8_prefill_cached={pc} branch8_prefill_uncached={pn} quick={int(args.quick)}")
+
+
+if __name__ == "__main__":
+    main()
