@@ -6,6 +6,7 @@
 #
 #   bash tools/gpu_train.sh            # the real run (needs jax with CUDA and a GPU)
 #   bash tools/gpu_train.sh --tiny     # the same code path on CPU with the tiny preset, in seconds (CI)
+#   python tools/profile_train_step.py --plan   # XLA's memory plan of the 4B step, on any backend (no run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

@@ -31,19 +31,23 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny preset on CPU (CI): same code path, seconds")
     ap.add_argument("--preset", default=None, help="model preset (default qwen3-4b-instruct-2507, tiny with --tiny)")
-    ap.add_argument("--row-len", type=int, default=None, help="tokens per packed row (default 8192; tiny 128)")
+    ap.add_argument("--row-len", type=int, default=None, help="tokens per packed row (default 4096; tiny 128)")
     ap.add_argument("--rows", type=int, default=None, help="rows per micro-batch (default 2; tiny 4)")
     ap.add_argument("--micro", type=int, default=None, help="micro-batches per optimizer step (default 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps after the warm-up (default 5; tiny 2)")
     ap.add_argument("--seq-min", type=int, default=None, help="shortest packed sequence (default row-len/8)")
     ap.add_argument("--dtype", default=None, help="compute dtype (default: the preset's; bfloat16 for 4B)")
     ap.add_argument("--no-remat", action="store_true", help="keep every layer's activations")
+    ap.add_argument("--plan", action="store_true",
+                    help="compile the step for abstract inputs on any backend and print XLA's memory plan; no run")
     ap.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default 989 on GPU)")
     args = ap.parse_args(argv)
     if args.tiny:
         defaults = dict(preset="tiny", row_len=128, rows=4, micro=2, steps=2)
     else:
-        defaults = dict(preset="qwen3-4b-instruct-2507", row_len=8192, rows=2, micro=2, steps=5)
+        # 16,384 positions per step: XLA's dense attention keeps [rows, heads, T, T] fp32 scores per layer, and the
+        # compiled plan (--plan) of this shape needs ~105 GiB of the H200's 141 (8192-token rows: ~124 GiB).
+        defaults = dict(preset="qwen3-4b-instruct-2507", row_len=4096, rows=2, micro=2, steps=5)
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -84,6 +88,32 @@ def model_flops(cfg, seq_lengths) -> float:
     return 6.0 * cfg.num_params() * tokens + attn
 
 
+def plan(cfg, tx, micro: int, rows: int, row_len: int) -> dict:
+    """Returns XLA's compiled memory plan (GiB) of one train step on one device of the current backend, for
+    abstract state and batch: nothing is allocated, so a 4B step can be planned on a laptop."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from sera_jax.model import abstract_params
+    from sera_jax.rl.batch import MicroBatch
+    from sera_jax.trainer import init_train_state, train_step
+
+    state = jax.eval_shape(lambda p: init_train_state(p, tx), abstract_params(cfg))
+    shape = (micro, rows, row_len)
+    arr = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("tokens", "targets", "positions", "segment_ids")}
+    arr.update({name: jax.ShapeDtypeStruct(shape, jnp.float32) for name in ("loss_mask", "advantages", "old_logprobs")})
+    batch = MicroBatch(**arr, num_tokens=jax.ShapeDtypeStruct((micro,), jnp.int32))
+    fn = jax.jit(functools.partial(train_step, model_cfg=cfg, tx=tx), donate_argnums=0)
+    t0 = time.perf_counter()
+    stats = fn.lower(state, batch).compile().memory_analysis()
+    gib = {k: getattr(stats, f"{k}_size_in_bytes") / 2**30 for k in ("argument", "output", "alias", "temp")}
+    gib["total"] = gib["argument"] + gib["output"] - gib["alias"] + gib["temp"]
+    gib["compile_s"] = time.perf_counter() - t0
+    return gib
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import jax
@@ -96,6 +126,20 @@ def main(argv=None) -> dict:
     from sera_jax.trainer import batch_axis_size, make_train_step, shard_train_state, stack_micro_batches
 
     backend = jax.default_backend()
+    if args.plan:
+        over = {"remat": False} if args.no_remat else {}
+        cfg = Qwen3Config.preset(args.preset, param_dtype="float32", **({"dtype": args.dtype} if args.dtype else {}),
+                                 **over)
+        gib = plan(cfg, make_optimizer(OptimConfig(warmup_steps=0)), args.micro, args.rows, args.row_len)
+        print(f"memory plan of one step on {backend}: {args.preset}, compute {cfg.dtype}, remat {cfg.remat}, "
+              f"{args.micro} x {args.rows} x {args.row_len} positions (single device, state donated)")
+        for k in ("argument", "output", "alias", "temp", "total"):
+            print(f"{k + ' (GiB)':32s}{gib[k]:>12.2f}")
+        result = {"mode": "plan", "backend": backend, "positions": args.micro * args.rows * args.row_len,
+                  "args_gib": round(gib["argument"], 2), "temp_gib": round(gib["temp"], 2),
+                  "total_gib": round(gib["total"], 2), "compile_s": round(gib["compile_s"], 1)}
+        print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
+        return result
     if not args.tiny and backend != "gpu":
         raise SystemExit(f"no GPU visible to JAX (backend {backend!r}): install jax[cuda12], or run --tiny on CPU")
     over = {"remat": False} if args.no_remat else {}
