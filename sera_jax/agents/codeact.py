@@ -51,11 +51,11 @@ class CodeActEpisode(Episode):
         self.messages = [{"role": "system", "content": system_prompt()},
                          {"role": "user", "content": task_message(task_text)}]
 
-    async def loop_break(self) -> bool:
+    def stuck(self) -> bool:
         s = self.run.settings
-        codes = [t.code for t in self.node.turns]
-        if not is_stuck(codes, s.loop_threshold, s.loop_max_period):
-            return False
+        return is_stuck([t.code for t in self.node.turns], s.loop_threshold, s.loop_max_period)
+
+    async def loop_break(self) -> None:
         # The synthetic finish runs as a real cell (so the world records the message) but has no completion:
         # it produces no datum (spec §1.1).
         code = f"finish({STUCK_MESSAGE!r})"
@@ -64,7 +64,6 @@ class CodeActEpisode(Episode):
                     misc={"synthetic": "loop_breaker"})
         await self._run_cell(turn, code)
         self.node.turns.append(turn)
-        return True
 
     async def act(self, turn: Turn, text: str) -> None:
         thought, code = parse_reply(text)
@@ -133,8 +132,9 @@ class CodeActEpisode(Episode):
         dp.result = text
         return text
 
-    async def _start_child(self, spec: ChildSpec, env=None) -> Node:
-        """Registers ``spec`` in ``env`` (default: this tree's shared world), runs its episode; returns its Node."""
+    async def _start_child(self, spec: ChildSpec, env=None, gate=None) -> Node:
+        """Registers ``spec`` in ``env`` (default: this tree's shared world), runs its episode (in ``gate``'s
+        lockstep group when given); returns its Node."""
         env = env if env is not None else self.env
         start_inventory = await env.add_agent(spec.child_id, spec.targets or {}, self.node.id)
         misc = {"target_items": dict(spec.targets or {}), "initial_inventory": dict(start_inventory)}
@@ -142,4 +142,6 @@ class CodeActEpisode(Episode):
         misc.update({"local_gold_trajectory": plan} if plan is not None else {"local_gold_unavailable": True})
         child = self.run.new_node(spec.child_id, spec.goal, depth=spec.depth, parent_id=self.node.id,
                                   fork_step=len(self.node.turns), max_steps=spec.max_steps, task_misc=misc)
-        return await run_episode(CodeActEpisode(self.run, child, env))
+        episode = CodeActEpisode(self.run, child, env)
+        episode.gate = gate
+        return await run_episode(episode)

@@ -160,6 +160,7 @@ class Episode:
         self.run, self.node = run, node
         self.messages: list[dict] = []
         self.done = False
+        self.gate = None  # a lockstep.Lockstep when this agent runs in a deterministic sibling group
 
     async def start(self) -> None:
         """Builds the system and task messages."""
@@ -169,9 +170,12 @@ class Episode:
         """Returns True when the agent must stop before generating (e.g. the shared world is done)."""
         return False
 
-    async def loop_break(self) -> bool:
-        """Appends a synthetic turn and returns True when the loop breaker fires (default: never)."""
+    def stuck(self) -> bool:
+        """Returns True when the loop breaker fires instead of a policy turn (default: never)."""
         return False
+
+    async def loop_break(self) -> None:
+        """Appends the loop breaker's synthetic turn (called when ``stuck()``)."""
 
     async def act(self, turn: Turn, text: str) -> None:
         """Parses ``text``, acts on the environment, fills the turn's action/observation fields and extends
@@ -185,32 +189,58 @@ class Episode:
 async def run_episode(ep: Episode) -> Node:
     """Runs one agent to its end (finish, budget, loop breaker, env done or error); returns its Node.
 
-    Never raises for anything but cancellation: errors are recorded on the node (§1.2)."""
-    node, run = ep.node, ep.run
+    Never raises for anything but cancellation: errors are recorded on the node (§1.2). With ``ep.gate`` set, each
+    turn is one lockstep tick (observe, generate, act in the group's order) and the exit takes a slot too."""
+    node, run, gate = ep.node, ep.run, ep.gate
+    ticks = 0  # ticks this agent has finished (its turn count within the group)
     run.event("agent_start", node=node.id)
     try:
-        await ep.start()
-        while not ep.done:
-            if len(node.turns) >= node.max_steps:
-                if ep.exhausted_message is not None and node.finish_message is None:
-                    node.error_message = ep.exhausted_message
-                break
-            if await ep.before_turn() or await ep.loop_break():
-                break
-            turn, text = await run.policy_turn(node, ep.messages)
-            # The turn joins the node only after its action ran: a launch from this cell sees fork_step = its index.
-            await ep.act(turn, text)
-            node.turns.append(turn)
-    except Exception as e:  # noqa: BLE001  (recorded: the trajectory is kept and scores 0, spec §1.2)
-        node.error_message = (f"Error in episode loop at step {len(node.turns)}: {type(e).__name__}: {e}\n"
-                              + "".join(traceback.format_exception(e)))
-        node.rollout_error_zero_reward = True
-    try:
-        await ep.finish()
-    except Exception as e:  # noqa: BLE001  (labels unavailable, e.g. the env worker died)
-        node.misc["label_error"] = f"{type(e).__name__}: {e}"
-        node.rollout_error_zero_reward = True
-        node.env_labels.setdefault("success", 0.0)
-        node.reward = 0.0
+        try:
+            if gate is not None:
+                await gate.begin(node.id, 0)
+            await ep.start()
+            while not ep.done:
+                if gate is not None:
+                    await gate.begin(node.id, ticks)
+                if len(node.turns) >= node.max_steps:
+                    if ep.exhausted_message is not None and node.finish_message is None:
+                        node.error_message = ep.exhausted_message
+                    break
+                if await ep.before_turn():
+                    break
+                if gate is not None:
+                    gate.observe_done(node.id)
+                stuck = ep.stuck()
+                if not stuck:
+                    turn, text = await run.policy_turn(node, ep.messages)
+                if gate is not None:
+                    await gate.slot(node.id)
+                if stuck:
+                    await ep.loop_break()
+                    break
+                # The turn joins the node only after its action ran: a launch from it sees fork_step = its index.
+                await ep.act(turn, text)
+                node.turns.append(turn)
+                if gate is not None:
+                    gate.done(node.id)
+                    ticks += 1
+        except Exception as e:  # noqa: BLE001  (recorded: the trajectory is kept and scores 0, spec §1.2)
+            node.error_message = (f"Error in episode loop at step {len(node.turns)}: {type(e).__name__}: {e}\n"
+                                  + "".join(traceback.format_exception(e)))
+            node.rollout_error_zero_reward = True
+        if gate is not None:  # the final observation is read in this agent's slot of the next tick
+            await gate.begin(node.id, ticks)
+            gate.observe_done(node.id)
+            await gate.slot(node.id)
+        try:
+            await ep.finish()
+        except Exception as e:  # noqa: BLE001  (labels unavailable, e.g. the env worker died)
+            node.misc["label_error"] = f"{type(e).__name__}: {e}"
+            node.rollout_error_zero_reward = True
+            node.env_labels.setdefault("success", 0.0)
+            node.reward = 0.0
+    finally:
+        if gate is not None:
+            gate.leave(node.id)
     run.event("agent_end", node=node.id)
     return node

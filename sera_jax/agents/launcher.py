@@ -3,11 +3,12 @@
 The environment code (``codeact.py``, ``textworld.py``) validates the request, refuses it at the depth limit, names
 the children and then hands a ``LaunchRequest`` to ``TreeRun.launcher.launch``. The request carries everything a
 strategy needs: the parent node, its step (``fork_step``), its conversation so far and the action that delegated, the
-children's specs, the tree's env handle (``fork`` / ``commit`` for branches) and ``start_child(spec, env=None)``,
-which creates one child on the given env (default: the shared world) and runs its whole episode.
+children's specs, the tree's env handle (``fork`` / ``commit`` for branches) and ``start_child(spec, env=None,
+gate=None)``, which creates one child on the given env (default: the shared world) and runs its whole episode
+(inside a ``Lockstep`` group when a gate is given).
 
-``DefaultLauncher`` (spec §1.4 "default") runs the children on the shared world — concurrently, or one after another
-in launch order in deterministic mode — and returns them. Strategies of the next stages plug in here without
+``DefaultLauncher`` (spec §1.4 "default") runs the children concurrently on the shared world — in deterministic
+mode a group launched together runs in lockstep ticks — and returns them. Strategies of the next stages plug in here without
 touching the loops: a rubric coordinator wraps ``DefaultLauncher`` (write a rubric before, score after); a
 counterfactual collector forks ``req.env`` B times, runs ``start_child(spec, env=branch)`` on each, commits branch 0
 and returns its children with ``texts`` overriding what the parent is told; test-time selection does the same with
@@ -20,6 +21,7 @@ import asyncio
 import dataclasses
 from typing import Any, Awaitable, Callable, Protocol
 
+from sera_jax.agents.lockstep import Lockstep
 from sera_jax.agents.records import Node
 
 
@@ -47,7 +49,7 @@ class LaunchRequest:
     parent_messages: list[dict]   # the parent's conversation before this turn's action (system, task, history)
     parent_action: str            # the code cell / reply text that delegated
     env: Any                      # the tree's env handle (TextCraftTreeEnv / TextWorld env)
-    start_child: Callable[..., Awaitable[Node]]   # start_child(spec, env=None) -> the finished child Node
+    start_child: Callable[..., Awaitable[Node]]   # start_child(spec, env=None, gate=None) -> the finished child
     misc: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -72,13 +74,14 @@ class DefaultLauncher:
     kind = "default"
 
     async def launch(self, req: LaunchRequest) -> LaunchOutcome:
-        """Returns the finished children: run concurrently (``asyncio.gather``), or sequentially in spec order
-        when the tree runs in deterministic mode."""
-        if req.run.settings.deterministic:
-            children = [await req.start_child(spec) for spec in req.specs]
+        """Returns the finished children, run concurrently on the shared world (``asyncio.gather``); in
+        deterministic mode a group of several runs in lockstep ticks (acts in spec order, see ``lockstep.py``)."""
+        if req.run.settings.deterministic and len(req.specs) > 1:
+            gate = Lockstep([spec.child_id for spec in req.specs])
+            children = await asyncio.gather(*(req.start_child(spec, gate=gate) for spec in req.specs))
         else:
-            children = list(await asyncio.gather(*(req.start_child(spec) for spec in req.specs)))
-        return LaunchOutcome(children=children, kind=self.kind)
+            children = await asyncio.gather(*(req.start_child(spec) for spec in req.specs))
+        return LaunchOutcome(children=list(children), kind=self.kind)
 
 
 def child_result(child: Node) -> str:

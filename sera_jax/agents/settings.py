@@ -29,9 +29,10 @@ class RuntimeSettings:
     (prompt + completion), used to shrink max_new_tokens when a prompt is near the cap.
     temperature / top_p / max_new_tokens / stop_strings: per-turn sampling (stop ids come from the tokenizer).
     loop_threshold / loop_max_period: the loop breaker (last threshold·p cells repeat a period-p pattern, p ≤ max).
-    deterministic: agents of one tree act one at a time in a fixed order (siblings in launch order, each running
-    to completion before the next starts), so a tree replays exactly from its seed; otherwise siblings run
-    concurrently on the shared world.
+    deterministic: agents of one tree touch the world in a fixed order, so a tree replays exactly from its seed:
+    siblings of one delegate block run in lockstep ticks (all observe, generate together, act in launch order);
+    separate launch_subagent calls of one TextCraft cell run one after another in call order. Otherwise siblings
+    run freely concurrently on the shared world.
     seed / policy_version: folded into every turn's PRNG key (with task, rollout index, node path and turn).
     step_timeout_s: limit on one generation call; tree_timeout_s: limit on the whole tree (then its agents are
     recorded with the rollout error and zero reward).

@@ -125,13 +125,16 @@ class TextWorldEpisode(Episode):
         dp.result = text
         return text
 
-    async def _start_child(self, spec: ChildSpec, env=None) -> Node:
-        """Adds ``spec`` as an agent of ``env`` (default: the shared world), runs it; returns its Node."""
+    async def _start_child(self, spec: ChildSpec, env=None, gate=None) -> Node:
+        """Adds ``spec`` as an agent of ``env`` (default: the shared world), runs it (in ``gate``'s lockstep group
+        when given); returns its Node."""
         env = env if env is not None else self.env
         await env.add_agent(spec.child_id)
         child = self.run.new_node(spec.child_id, spec.goal, depth=spec.depth, parent_id=self.node.id,
                                   fork_step=len(self.node.turns), max_steps=spec.max_steps)
-        return await run_episode(TextWorldEpisode(self.run, child, env, spec.goal))
+        episode = TextWorldEpisode(self.run, child, env, spec.goal)
+        episode.gate = gate
+        return await run_episode(episode)
 
     async def finish(self) -> None:
         node = self.node

@@ -134,6 +134,10 @@ def test_env_processes_and_deterministic_replay(tw_task, tok):
     a, b = asyncio.run(both())
     assert dumps_tree(a) == dumps_tree(b)
     assert a.root.env_labels["success"] == 1.0 and a.misc["final_digest"] == b.misc["final_digest"]
-    # Deterministic siblings run one after another in launch order.
+    # Deterministic siblings interleave in lockstep: worker 0 then worker 1 in every tick (the root's three
+    # invalid replies cost three world steps before they start).
     w0, w1 = (a.nodes[w] for w in WORKERS)
-    assert w0.misc["final_observation"] != w1.misc["final_observation"]
+    left = tw_task.max_steps - 3
+    for k in range(4):
+        assert f"Shared steps remaining: {left - 2 * k - 1}\n" in w0.turns[k].output
+        assert f"Shared steps remaining: {left - 2 * k - 2}\n" in w1.turns[k].output
