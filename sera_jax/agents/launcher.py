@@ -8,8 +8,8 @@ gate=None)``, which creates one child on the given env (default: the shared worl
 (inside a ``Lockstep`` group when a gate is given).
 
 ``DefaultLauncher`` (spec §1.4 "default") runs the children concurrently on the shared world — in deterministic
-mode a group launched together runs in lockstep ticks — and returns them. Strategies of the next stages plug in here without
-touching the loops: a rubric coordinator wraps ``DefaultLauncher`` (write a rubric before, score after); a
+mode a group launched together runs in lockstep ticks — and returns them. Strategies of the next stages plug in
+here without touching the loops: a rubric coordinator wraps ``DefaultLauncher`` (write a rubric before, score after); a
 counterfactual collector forks ``req.env`` B times, runs ``start_child(spec, env=branch)`` on each, commits branch 0
 and returns its children with ``texts`` overriding what the parent is told; test-time selection does the same with
 N candidates. The parent sees ``LaunchOutcome.texts`` when given, else the environment's default result text.

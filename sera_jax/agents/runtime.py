@@ -14,7 +14,7 @@ Every agent turn awaits ``generator.generate`` (the engine batches all pending t
 env worker processes (``envs_py.workers.WorkerPool``) and prompt encoding in a thread, so neither blocks the event
 loop. Each tree's root key is derived from (seed, policy version, task id, rollout index) unless a key is given;
 each turn folds in the node path and the turn index. ``RuntimeSettings.deterministic`` makes a tree replay exactly
-from its seed (agents of a tree act one at a time, siblings in launch order).
+from its seed (sibling groups in lockstep ticks, acting in launch order; see ``lockstep.py``).
 
 Multi-host: each host process runs its own engine, its own WorkerPool and this runtime over the trees ``Pinning``
 assigns to it (``Pinning(num_hosts, host_index).local(items)``); nothing here is shared across hosts.

@@ -46,7 +46,8 @@ def test_nested_delegation_to_depth_3_and_refusal_at_4(tc_task, tok):
     assert [idx.depth[n] for n in ("root", C1, C2, C3)] == [0, 1, 2, 3]
     assert all(tree.nodes[n].fork_step == 0 for n in (C1, C2, C3))
     deepest = tree.nodes[C3]
-    assert "Not enough budget to launch subagent for goal Craft the following items: 4x o3_i1" in deepest.turns[0].output
+    refusal = "Not enough budget to launch subagent for goal Craft the following items: 4x o3_i1"
+    assert refusal in deepest.turns[0].output
     assert "Launching a subagent from depth 3 would exceed the maximum allowed depth of 3." in deepest.turns[0].output
     assert [d.kind for d in tree.delegations] == ["default", "default", "default", "refused"]
     # What each parent saw: the child's finish message and the budget line (child's own turns; parent's own left).
