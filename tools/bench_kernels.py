@@ -1,6 +1,7 @@
 """Kernel vs reference: paged decode attention (bandwidth) and packed flash attention (FLOP rate), Qwen3-4B shapes.
 
-Usage: ``python tools/bench_kernels.py [--tiny] [--iters N] [--only decode|flash]`` (or ``tools/gpu_kernels.sh``).
+Usage: ``python tools/bench_kernels.py [--tiny] [--sweep] [--iters N] [--only decode|flash]`` (or
+``tools/gpu_kernels.sh``). ``--sweep`` also times alternative tilings (flash) and page splits (decode, few rows).
 
 Full mode targets one H200: 32 query heads, 8 kv heads, head_dim 128, bf16, block size 16; decode over a ragged
 batch of cached contexts, flash over packed rows of causal segments. For each kernel it first checks the result
@@ -26,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sera_jax.kernels import flash_attention  # noqa: E402
+from sera_jax.kernels.flash_attention import Tiles, default_tiles  # noqa: E402
 from sera_jax.kernels.paged_attention import paged_attention as paged_kernel  # noqa: E402
 from sera_jax.model.qwen3 import dense_attention  # noqa: E402
 
@@ -67,13 +69,15 @@ def max_err(a, b):
     return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
 
 
-def bench_decode(tiny: bool, iters: int, interpret: bool):
-    """Returns a dict of decode figures: one layer's decode step over a ragged paged batch."""
+def bench_decode(tiny: bool, iters: int, interpret: bool, rows: int | None = None, splits: int = 1,
+                 prefix: str = "decode"):
+    """Returns a dict of decode figures (keys start with ``prefix``): one layer's decode step, ragged paged batch."""
     rng = np.random.default_rng(0)
     if tiny:
         b, h, kv, e, s, lo, hi, dt = 3, 4, 2, 16, 4, 3, 20, jnp.float32
     else:
         b, h, kv, e, s, lo, hi, dt = 128, 32, 8, 128, 16, 512, 8192, jnp.bfloat16
+    b = rows or b
     lengths = rng.integers(lo, hi + 1, size=b)
     width = int(-(-lengths.max() // s))
     pages = -(-lengths // s)
@@ -90,15 +94,16 @@ def bench_decode(tiny: bool, iters: int, interpret: bool):
     q = jax.random.normal(ks[2], (b, 1, h, e), dt)
     k_new, v_new = jax.random.normal(ks[3], (b, 1, kv, e), dt), jax.random.normal(ks[4], (b, 1, kv, e), dt)
     args = (q, k_new, v_new, k_pool, v_pool, jnp.int32(0), jnp.asarray(table), jnp.asarray(lengths, jnp.int32))
-    kern = jax.jit(lambda *a: paged_kernel(*a, interpret=interpret))
+    kern = jax.jit(lambda *a: paged_kernel(*a, num_splits=splits, interpret=interpret))
     ref = jax.jit(reference_paged_attention)
     err = max_err(kern(*args), ref(*args))  # also the compile: timed() below reuses these jitted functions
     t_k, t_r = timed(kern, *args, iters=iters), timed(ref, *args, iters=iters)
     item = jnp.dtype(dt).itemsize
     moved = (2 * int(lengths.sum()) * kv * e + 2 * b * h * e) * item
-    return {"decode_err": err, "decode_kernel_ms": t_k, "decode_ref_ms": t_r, "decode_speedup": t_r / t_k,
-            "decode_TBps": moved / (t_k * 1e-3) / 1e12, "decode_bw_frac": moved / (t_k * 1e-3) / 1e12 / HBM_TBPS,
-            "decode_ref_TBps": moved / (t_r * 1e-3) / 1e12}
+    res = {"err": err, "kernel_ms": t_k, "ref_ms": t_r, "speedup": t_r / t_k,
+           "TBps": moved / (t_k * 1e-3) / 1e12, "bw_frac": moved / (t_k * 1e-3) / 1e12 / HBM_TBPS,
+           "ref_TBps": moved / (t_r * 1e-3) / 1e12}
+    return {f"{prefix}_{k}": v for k, v in res.items()}
 
 
 def _packed_segments(rng, b, t, lo, hi):
@@ -114,7 +119,23 @@ def _packed_segments(rng, b, t, lo, hi):
     return seg, pairs
 
 
-def bench_flash(tiny: bool, iters: int, interpret: bool):
+def _sweep_flash(q, k, v, seg, ct, iters):
+    """Returns {name: ms} for alternative forward tiles (forward alone) and backward tiles (forward + backward)."""
+    fwd0, bwd0 = default_tiles(q.shape[1])
+    res = {}
+    for t in (Tiles(64, 64, 4, 2), Tiles(128, 64, 4, 3), Tiles(128, 128, 8, 2), Tiles(128, 32, 4, 3)):
+        fn = jax.jit(lambda q, k, v, t=t: flash_attention(q, k, v, seg, fwd_tiles=t, bwd_tiles=bwd0))
+        res[f"sweep_fwd_{t.block_q}x{t.block_k}w{t.num_warps}s{t.num_stages}_ms"] = timed(fn, q, k, v, iters=iters)
+    for t in (Tiles(32, 64, 4, 2), Tiles(64, 128, 8, 2), Tiles(128, 64, 8, 2), Tiles(32, 128, 4, 2)):
+        def run(q, k, v, t=t):
+            out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, seg, fwd_tiles=fwd0, bwd_tiles=t), q, k, v)
+            return out, vjp(ct)
+        res[f"sweep_fwdbwd_bwd{t.block_q}x{t.block_k}w{t.num_warps}s{t.num_stages}_ms"] = timed(
+            jax.jit(run), q, k, v, iters=iters)
+    return res
+
+
+def bench_flash(tiny: bool, iters: int, interpret: bool, sweep: bool = False):
     """Returns a dict of flash figures: forward and forward+backward over packed causal rows."""
     rng = np.random.default_rng(1)
     if tiny:
@@ -162,6 +183,8 @@ def bench_flash(tiny: bool, iters: int, interpret: bool):
     res["flash_fwdbwd_TFLOPs"] = 3.5 * flops_fwd / (res["flash_fwdbwd_ms"] * 1e-3) / 1e12
     res["flash_fwdbwd_peak_frac"] = res["flash_fwdbwd_TFLOPs"] / PEAK_TFLOPS
     res["flash_fwdbwd_speedup"] = res["flash_ref_fwdbwd_ms"] / res["flash_fwdbwd_ms"]
+    if sweep and not tiny:
+        res.update(_sweep_flash(q, k, v, seg, ct, iters))
     return res
 
 
@@ -170,6 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, CPU interpret mode (a smoke test)")
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--only", choices=("decode", "flash"), default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time other flash tilings and decode page splits")
     args = ap.parse_args(argv)
     backend = jax.default_backend()
     interpret = backend != "gpu"
@@ -181,8 +205,11 @@ def main(argv=None) -> int:
     res = {}
     if args.only in (None, "decode"):
         res.update(bench_decode(args.tiny, iters, interpret))
+        if args.sweep and not args.tiny:  # few rows, long contexts: where splitting the page range should pay
+            for splits in (1, 4):
+                res.update(bench_decode(False, iters, interpret, rows=8, splits=splits, prefix=f"decode8_split{splits}"))
     if args.only in (None, "flash"):
-        res.update(bench_flash(args.tiny, iters, interpret))
+        res.update(bench_flash(args.tiny, iters, interpret, args.sweep))
     for k, v in res.items():
         print(f"  {k:28s} {v:.4g}")
     tol = 1e-4 if args.tiny else 6e-2  # bf16 at full size: the kernel and XLA round differently

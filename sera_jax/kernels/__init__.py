@@ -4,9 +4,10 @@
   paged_attention          drop-in for sera_jax.sampling.attention.paged_attention          paged_attention.py
   flash_attention          packed causal training attention, segment ids, GQA, fwd + bwd    flash_attention.py
   select                   which implementation runs where (GPU -> kernels, else reference) select.py
+  sharding                 shard_map of a kernel over the ambient mesh by logical axis rules sharding.py
 """
 
-from sera_jax.kernels.flash_attention import flash_attention, flash_attention_with_lse
+from sera_jax.kernels.flash_attention import Tiles, flash_attention, flash_attention_with_lse
 from sera_jax.kernels.paged_decode import paged_decode_attention
 
-__all__ = ["flash_attention", "flash_attention_with_lse", "paged_decode_attention"]
+__all__ = ["Tiles", "flash_attention", "flash_attention_with_lse", "paged_decode_attention"]

@@ -48,3 +48,11 @@ def merge_partials(outs, lses):
 def on_gpu() -> bool:
     """Returns True when JAX's default backend is a GPU (CUDA or ROCm)."""
     return jax.default_backend() == "gpu"
+
+
+def compiler_params(interpret: bool, num_warps: int, num_stages: int):
+    """Returns Triton compiler params for a compiled GPU kernel, None in interpret mode."""
+    if interpret:
+        return None
+    from jax.experimental.pallas import triton as plgpu  # imported lazily: only the GPU path needs it
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)

@@ -19,6 +19,7 @@ of its kv head), both recomputing probabilities from the saved lse, so no [T, T]
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from sera_jax.kernels._common import MASKED, on_gpu, round_up
+from sera_jax.kernels._common import MASKED, compiler_params, on_gpu, round_up
 from sera_jax.kernels.flash_bounds import tile_bounds
 
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
@@ -34,6 +35,35 @@ NN = (((1,), (0,)), ((), ()))  # a @ b
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 PAD_SEGMENT = -1  # id given to the positions added to reach a whole number of tiles: they see only each other
+
+
+class Tiles(NamedTuple):
+    """One pass's tiling: query/key tile lengths (powers of two, ≥ 16 on GPU) and Triton launch parameters."""
+    block_q: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+class FlashConfig(NamedTuple):
+    scale: float
+    causal: bool
+    interpret: bool
+    fwd: Tiles
+    bwd: Tiles
+
+
+def default_tiles(t: int) -> tuple[Tiles, Tiles]:
+    """Returns (forward, backward) tiles for rows of length t.
+
+    Long rows: forward 128 queries x 64 keys on 8 warps, deep enough to hide latency without spilling the fp32
+    accumulator; backward 64 x 64 (its kernels hold two fp32 accumulators, dk and dv). Unmeasured on an H200 so
+    far: ``tools/gpu_kernels.sh --sweep`` times the alternatives. Short rows: one small square tile.
+    """
+    if t >= 128:
+        return Tiles(128, 64, 8, 3), Tiles(64, 64, 4, 2)
+    small = Tiles(16, 16) if t <= 16 else Tiles(64, 64)
+    return small, small
 
 
 def tile_mask(seg_q, seg_k, q0, k0, causal):
@@ -44,14 +74,6 @@ def tile_mask(seg_q, seg_k, q0, k0, causal):
         kpos = k0 + lax.broadcasted_iota(jnp.int32, (seg_q.shape[0], seg_k.shape[0]), 1)
         mask = mask & (qpos >= kpos)
     return mask
-
-
-def compiler_params(interpret: bool, num_warps: int, num_stages: int):
-    """Returns Triton compiler params on GPU, None in interpret mode."""
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu  # imported lazily: only the GPU path needs it
-    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def _fwd_kernel(kv_lo_ref, kv_hi_ref, q_ref, k_ref, v_ref, segq_ref, segk_ref, o_ref, lse_ref, *,
@@ -88,13 +110,14 @@ def _whole(shape):
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
-def _forward(q, k, v, seg, bounds, cfg):
+def _forward(q, k, v, seg, bounds, cfg: FlashConfig):
     """Padded inputs -> (out [B, T, H, E] q.dtype, lse [B, H, T] fp32)."""
-    scale, bq, bk, causal, interpret, warps, stages = cfg
+    bq, bk, warps, stages = cfg.fwd
+    interpret = cfg.interpret
     b, t, h, e = q.shape
     g = h // k.shape[2]
-    kv_lo, kv_hi, _, _ = bounds
-    kernel = functools.partial(_fwd_kernel, scale=scale, block_k=bk, causal=causal)
+    kv_lo, kv_hi, _, _ = bounds[0]
+    kernel = functools.partial(_fwd_kernel, scale=cfg.scale, block_k=bk, causal=cfg.causal)
     return pl.pallas_call(
         kernel,
         grid=(b, h, t // bq),
@@ -133,47 +156,51 @@ def _flash_bwd(cfg, res, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _prepare(q, k, v, seg, causal, scale, block_q, block_k, interpret, num_warps, num_stages):
+def _prepare(q, k, v, seg, causal, scale, block_q, block_k, interpret, fwd_tiles, bwd_tiles):
     if interpret is None:
         interpret = not on_gpu()
     b, t, h, e = q.shape
     if h % k.shape[2]:
         raise ValueError(f"query heads {h} must be a multiple of kv heads {k.shape[2]}")
-    bq = block_q or (128 if t >= 128 else 16 if t <= 16 else 64)
-    bk = block_k or bq
-    tp = round_up(t, max(bq, bk))
+    fwd, bwd = default_tiles(t)
+    if block_q or block_k:
+        fwd = bwd = Tiles(block_q or block_k, block_k or block_q)
+    fwd, bwd = fwd_tiles or fwd, bwd_tiles or bwd
+    tp = round_up(t, max(fwd.block_q, fwd.block_k, bwd.block_q, bwd.block_k))  # powers of two: max is the lcm
     pad = lambda x: jnp.pad(x, ((0, 0), (0, tp - t)) + ((0, 0),) * (x.ndim - 2))
     seg = jnp.pad(seg.astype(jnp.int32), ((0, 0), (0, tp - t)), constant_values=PAD_SEGMENT)
-    cfg = (float(e ** -0.5 if scale is None else scale), bq, bk, bool(causal), bool(interpret), num_warps,
-           num_stages)
-    return pad(q), pad(k), pad(v), seg, tile_bounds(seg, bq, bk, causal), cfg
+    cfg = FlashConfig(float(e ** -0.5 if scale is None else scale), bool(causal), bool(interpret), fwd, bwd)
+    bounds = (tile_bounds(seg, fwd.block_q, fwd.block_k, causal), tile_bounds(seg, bwd.block_q, bwd.block_k, causal))
+    return pad(q), pad(k), pad(v), seg, bounds, cfg
 
 
-_STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "num_warps", "num_stages")
+_STATIC = ("causal", "scale", "block_q", "block_k", "interpret", "fwd_tiles", "bwd_tiles")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def flash_attention(q_BTHE: Float[Array, "B T H E"], k_BTKE: Float[Array, "B T K E"], v_BTKE: Float[Array, "B T K E"],
                     segment_ids_BT: Int[Array, "B T"], *, causal: bool = True, scale: float | None = None,
                     block_q: int | None = None, block_k: int | None = None, interpret: bool | None = None,
-                    num_warps: int = 4, num_stages: int = 2) -> Float[Array, "B T H E"]:
+                    fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None) -> Float[Array, "B T H E"]:
     """Returns attention out [B, T, H, E] in q's dtype; differentiable in q, k, v (Pallas backward kernels).
 
-    ``block_q``/``block_k`` are tile lengths (powers of two, ≥ 16 on GPU); T is padded up to a whole number of
-    tiles internally. ``interpret=None`` compiles for the GPU when there is one and interprets elsewhere.
+    Tiling: ``default_tiles(T)``; ``block_q``/``block_k`` set both passes' tile lengths; ``fwd_tiles``/``bwd_tiles``
+    set a pass completely. T is padded up to a whole number of tiles internally. ``interpret=None`` compiles for
+    the GPU when there is one and interprets elsewhere.
     """
     qp, kp, vp, seg, bounds, cfg = _prepare(q_BTHE, k_BTKE, v_BTKE, segment_ids_BT, causal, scale, block_q, block_k,
-                                            interpret, num_warps, num_stages)
+                                            interpret, fwd_tiles, bwd_tiles)
     return _flash(qp, kp, vp, seg, bounds, cfg)[:, :q_BTHE.shape[1]]
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def flash_attention_with_lse(q_BTHE, k_BTKE, v_BTKE, segment_ids_BT, *, causal: bool = True,
                              scale: float | None = None, block_q: int | None = None, block_k: int | None = None,
-                             interpret: bool | None = None, num_warps: int = 4, num_stages: int = 2):
+                             interpret: bool | None = None, fwd_tiles: Tiles | None = None,
+                             bwd_tiles: Tiles | None = None):
     """Returns (out [B, T, H, E] q.dtype, lse [B, T, H] fp32); forward only (used by inference to merge partials)."""
     qp, kp, vp, seg, bounds, cfg = _prepare(q_BTHE, k_BTKE, v_BTKE, segment_ids_BT, causal, scale, block_q, block_k,
-                                            interpret, num_warps, num_stages)
+                                            interpret, fwd_tiles, bwd_tiles)
     out, lse = _forward(qp, kp, vp, seg, bounds, cfg)
     t = q_BTHE.shape[1]
     return out[:, :t], lse[:, :, :t].transpose(0, 2, 1)

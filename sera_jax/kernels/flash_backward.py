@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from sera_jax.kernels.flash_attention import NN, NT, TN, compiler_params, tile_mask
+from sera_jax.kernels._common import compiler_params
+from sera_jax.kernels.flash_attention import NN, NT, TN, tile_mask
 
 
 def _dq_kernel(kv_lo_ref, kv_hi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, segq_ref, segk_ref, dq_ref,
@@ -81,11 +82,12 @@ def _whole(shape):
 
 def backward(q, k, v, seg, bounds, out, lse, d_out, cfg):
     """Returns (dq, dk, dv) of the padded forward inputs, in their dtypes. ``lse`` is [B, H, T] fp32."""
-    scale, bq, bk, causal, interpret, warps, stages = cfg
+    scale, causal, interpret = cfg.scale, cfg.causal, cfg.interpret
+    bq, bk, warps, stages = cfg.bwd
     b, t, h, e = q.shape
     kvh = k.shape[2]
     g = h // kvh
-    kv_lo, kv_hi, q_lo, q_hi = bounds
+    kv_lo, kv_hi, q_lo, q_hi = bounds[1]
     delta = jnp.einsum("bthe,bthe->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
     d_out = d_out.astype(q.dtype)
     params = compiler_params(interpret, warps, stages)

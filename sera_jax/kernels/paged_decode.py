@@ -31,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from sera_jax.kernels._common import MASKED, merge_partials, on_gpu, pow2_at_least, round_up
+from sera_jax.kernels._common import MASKED, compiler_params, merge_partials, on_gpu, pow2_at_least, round_up
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
 _NN = (((1,), (0,)), ((), ()))  # a @ b
@@ -69,13 +69,6 @@ def _kernel(layer_ref, len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, 
     nonempty = l > 0
     o_ref[...] = acc / jnp.where(nonempty, l, 1.0)[:, None]
     lse_ref[...] = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), -jnp.inf)
-
-
-def _compiler_params(interpret: bool, num_warps: int, num_stages: int):
-    if interpret:
-        return None
-    from jax.experimental.pallas import triton as plgpu  # imported lazily: only the GPU path needs it
-    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "num_splits", "block_rows", "interpret", "num_warps",
@@ -121,7 +114,7 @@ def paged_decode_attention(q_BTHE: Float[Array, "B T H E"], k_pool, v_pool, laye
         out_shape=[jax.ShapeDtypeStruct((b, kv, num_splits, rows_pad, e), jnp.float32),
                    jax.ShapeDtypeStruct((b, kv, num_splits, rows_pad), jnp.float32)],
         interpret=interpret,
-        compiler_params=_compiler_params(interpret, num_warps, num_stages),
+        compiler_params=compiler_params(interpret, num_warps, num_stages),
         name="paged_decode_attention",
     )(layer_arr, lengths_B.astype(jnp.int32), block_tables_BW.astype(jnp.int32), q, k_pool, v_pool)
     if num_splits > 1:
