@@ -2,7 +2,8 @@
 
 Usage (what ``train.py`` does)::
 
-    cfg = load_config(["configs/tiny_cpu.yaml"], ["optim.lr=1e-5", "train.total_steps=3"])
+    # e.g. argv = configs/tiny_cpu.yaml optim.lr=1e-5 train.total_steps=3; check_paths: model.hf_dir must exist
+    cfg = load_config(*split_cli(sys.argv[1:]), check_paths=True)
     model_cfg = cfg.model_config()          # Qwen3Config (preset or HF config.json + overrides)
     method = cfg.method_config()            # rl.stages.MethodConfig (paper method + schedule overrides)
     tx = make_optimizer(cfg.optim)          # cfg.optim is an rl.optim.OptimConfig; cfg.step a trainer.StepConfig
@@ -38,7 +39,7 @@ from sera_jax.trainer import StepConfig
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
            "TrainSection", "JudgeSection", "EvalSection", "RunConfig", "load_config", "from_dict", "parse_override",
-           "check_mesh"]
+           "split_cli", "validate", "check_mesh"]
 
 
 class ConfigError(ValueError):
@@ -316,6 +317,12 @@ def _apply_override(data: dict, path: list[str], value: str) -> dict:
         node = node[p]
     node[path[-1]] = value  # a raw string: coerced to the field's type by _build
     return out
+
+
+def split_cli(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Returns (YAML paths, ``a.b=c`` overrides) of command-line words: a word holding '=' is an override."""
+    paths = [a for a in args if "=" not in a]
+    return paths, [a for a in args if "=" in a]
 
 
 def from_dict(data: Mapping[str, Any], *, num_devices: int | None = None, check_paths: bool = False) -> RunConfig:

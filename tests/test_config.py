@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sera_jax.config import ConfigError, RunConfig, from_dict, load_config
+from sera_jax.config import ConfigError, RunConfig, from_dict, load_config, split_cli
 from sera_jax.model import Qwen3Config
 from sera_jax.rl.stages import METHODS, method_config
 
@@ -75,6 +75,13 @@ def test_textworld_paper_values():
     assert (r.max_completion_tokens, r.max_prompt_tokens, r.context_tokens) == (3072, 10240, 13312)
     assert (cfg.eval.max_prompt_tokens, cfg.eval.context_tokens, cfg.eval.temperature) == (10240, 13312, 0.0)
     assert cfg.judge.kind == "openai" and not cfg.execution_filter_zero_variance()  # §5.6: TW keeps them
+
+
+def test_command_line_words_split_into_files_and_overrides():
+    paths, overrides = split_cli([str(ROOT / "configs" / "tiny_cpu.yaml"), "train.seed=7", "env.max_steps=3"])
+    assert len(paths) == 1 and overrides == ["train.seed=7", "env.max_steps=3"]
+    cfg = load_config(paths, overrides)
+    assert (cfg.train.seed, cfg.env.max_steps, cfg.name) == (7, 3, "tiny_cpu")
 
 
 def test_overrides_are_coerced_to_the_field_type():
