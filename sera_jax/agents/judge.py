@@ -1,0 +1,218 @@
+"""Labels of counterfactual branches (spec §4): programmatic for TextCraft, a binary judge for TextWorld.
+
+* ``ProgrammaticJudge`` — TextCraft: success iff some turn of the branch (scanning from the last) has
+  ``reward/success`` > 0, else the trajectory reward > 0 (the checker ran on finish: crafted delta ≥ targets).
+* ``ChatJudge`` — an OpenAI-compatible ``/chat/completions`` endpoint given in config (the paper used an external
+  model). Standard library only: ``urllib`` in a worker thread. Each attempt has a timeout; HTTP errors, timeouts,
+  unreachable hosts and unparseable replies are retried with exponential back-off up to ``max_attempts`` (3 for the
+  branch judge: 2 retries; the spec's external client allows 5). A judge that still fails returns a label with
+  ``success=None`` (the branch is excluded) and an ``error`` that names the endpoint and the last cause.
+  ``ensure_reachable()`` raises ``JudgeUnavailable`` with that clear message, for a check at start-up.
+* ``PolicyJudge`` — the ``policy_frozen`` judge: the same prompt and strict parsing, answered by our own engine
+  serving a frozen copy of the initial policy (``frozen_policy_engine``), so labels need no network.
+
+The judge prompt (§4): the sub-agent's goal is judged on its own steps and outputs, for its immediate parent; the
+"Root Task" field holds the sub-agent's own goal (a quirk of the reference, kept). Reply: one JSON object
+``{"success": bool, "reason": str}``; anything else is invalid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
+
+import jax
+
+from sera_jax.agents.policy_call import CallSpec, policy_call
+from sera_jax.agents.records import Node
+from sera_jax.agents.rubric import extract_json_object, truncate_context
+
+JUDGE_SYSTEM = (
+    "You judge one sub-agent of a multi-agent system. Decide whether it completed the goal it was assigned and "
+    "produced a useful contribution for its immediate parent agent; do not judge whether the whole root task was "
+    "solved. Use only the steps and outputs shown. Reply strictly with one JSON object: "
+    '{"success": true or false, "reason": "a short explanation"}.')
+STEPS_CHAR_LIMIT = 30_000   # keeps the judge request well inside its 10,240-token prompt budget
+
+
+class JudgeUnavailable(RuntimeError):
+    """The judge endpoint could not be reached or never gave a usable reply."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Label:
+    """A branch label: success (None = no label: the branch is excluded), the judge's reason, attempts made, and
+    the last error when no label could be had."""
+
+    success: bool | None
+    reason: str = ""
+    attempts: int = 0
+    error: str = ""
+
+
+def judge_messages(goal: str, parent_goal: str, node: Node) -> list[dict[str, str]]:
+    """Returns the judge's (system, user) messages for one sub-agent trajectory."""
+    steps = []
+    for i, t in enumerate(node.turns):
+        steps.append(f"Step {i}\nAction:\n{t.code}\nObservation/Output:\n{t.output}\nError:\n{t.error or '(none)'}"
+                     f"\nEnvironment info: {json.dumps(t.reward_misc, sort_keys=True, ensure_ascii=False)}")
+    body = truncate_context("\n\n".join(steps) or "(no steps)", STEPS_CHAR_LIMIT)
+    user = "\n\n".join([f"Root Task:\n{goal}", f"Immediate Parent Goal:\n{parent_goal}",
+                        f"Assigned SubAgent Goal:\n{goal}", f"SubAgent Steps:\n{body}",
+                        f"Final message: {node.finish_message!r}; error: {node.error_message!r}",
+                        'Answer with {"success": bool, "reason": str} only.'])
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def parse_judge_reply(text: str) -> tuple[bool | None, str, str]:
+    """Returns (success, reason, "") from the first JSON object of ``text``, or (None, "", why it is invalid):
+    success must be a JSON boolean and reason a string."""
+    obj = extract_json_object(text if isinstance(text, str) else "")
+    if obj is None:
+        return None, "", "no JSON object in the judge reply"
+    if not isinstance(obj.get("success"), bool):
+        return None, "", f"success is not a boolean: {obj.get('success')!r}"
+    if not isinstance(obj.get("reason"), str):
+        return None, "", "reason is not a string"
+    return obj["success"], obj["reason"], ""
+
+
+class ProgrammaticJudge:
+    """TextCraft labels from the checker's records (no model)."""
+
+    async def label(self, node: Node, parent_goal: str = "") -> Label:
+        """Returns the programmatic label of a finished branch."""
+        for t in reversed(node.turns):
+            if "reward/success" in t.reward_misc and float(t.reward_misc["reward/success"]) > 0:
+                return Label(True, "checker: targets crafted")
+        return Label(bool((node.reward or 0.0) > 0 and not node.rollout_error_zero_reward), "checker")
+
+
+class ChatJudge:
+    """Binary judge behind an OpenAI-compatible chat-completions endpoint (see the module docstring)."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
+                 max_attempts: int = 3, backoff_s: float = 1.0, temperature: float = 1.0, max_tokens: int = 1024):
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be ≥ 1")
+        url = base_url.rstrip("/")
+        self.url = url if url.endswith("/chat/completions") else url + "/chat/completions"
+        self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
+        self.max_attempts, self.backoff_s = max_attempts, backoff_s
+        self.temperature, self.max_tokens = temperature, max_tokens
+
+    def _post(self, messages: Sequence[dict]) -> str:
+        body = json.dumps({"model": self.model, "messages": list(messages), "temperature": self.temperature,
+                           "max_tokens": self.max_tokens}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            payload = json.loads(resp.read().decode("utf-8", "replace"))
+        content = payload["choices"][0]["message"]["content"]
+        if not isinstance(content, str):
+            raise ValueError("message content is not a string")
+        return content
+
+    async def _attempt(self, messages: Sequence[dict]) -> tuple[str | None, str]:
+        try:
+            return await asyncio.to_thread(self._post, messages), ""
+        except urllib.error.HTTPError as e:
+            return None, f"HTTP {e.code} from {self.url}"
+        except (TimeoutError, socket.timeout):
+            return None, f"no reply from {self.url} within {self.timeout_s:g} s"
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                return None, f"no reply from {self.url} within {self.timeout_s:g} s"
+            return None, f"cannot reach {self.url}: {e.reason}"
+        except OSError as e:
+            return None, f"cannot reach {self.url}: {e}"
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            return None, f"malformed chat-completions response from {self.url}: {type(e).__name__}: {e}"
+
+    async def label(self, node: Node, parent_goal: str = "") -> Label:
+        """Returns the judge's label of a finished branch: each of up to ``max_attempts`` tries is one request;
+        a transport failure or an invalid reply is retried after back-off. success None = no valid reply."""
+        messages = judge_messages(node.goal, parent_goal, node)
+        last = ""
+        for attempt in range(1, self.max_attempts + 1):
+            text, last = await self._attempt(messages)
+            if text is not None:
+                success, reason, last = parse_judge_reply(text)
+                if success is not None:
+                    return Label(success, reason, attempt)
+                last = f"invalid judge reply: {last}"
+            if attempt < self.max_attempts:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        return Label(None, "", self.max_attempts, f"judge at {self.url} gave no label after {self.max_attempts} "
+                                                  f"attempts: {last}")
+
+    async def ensure_reachable(self) -> None:
+        """Raises JudgeUnavailable (naming the endpoint and the cause) unless the endpoint answers a tiny request."""
+        err = ""
+        for attempt in range(1, self.max_attempts + 1):
+            text, err = await self._attempt([{"role": "user", "content": 'Reply {"success": true, "reason": ""}'}])
+            if text is not None:
+                return
+            if attempt < self.max_attempts:
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+        raise JudgeUnavailable(f"TextWorld judge endpoint {self.url} (model {self.model!r}) is unavailable after "
+                               f"{self.max_attempts} attempts: {err}. Set judge.base_url to a reachable OpenAI-compatible "
+                               "server, or use judge.kind=policy_frozen to label with a frozen copy of the policy.")
+
+
+class PolicyJudge:
+    """The ``policy_frozen`` judge: our own generator (an engine over frozen initial params) answers the prompt."""
+
+    def __init__(self, generator: Any, tokenizer: Any, *, seed: int = 0, temperature: float = 1.0,
+                 max_new_tokens: int = 1024, max_prompt_tokens: int = 10240, max_attempts: int = 3):
+        self.generator, self.tokenizer = generator, tokenizer
+        self.key = jax.random.key(seed)
+        self.spec = CallSpec(temperature, max_new_tokens, max_prompt_tokens)
+        self.max_attempts = max_attempts
+
+    async def label(self, node: Node, parent_goal: str = "") -> Label:
+        """Returns the frozen policy's label (success None when no attempt gave a valid reply)."""
+        messages = judge_messages(node.goal, parent_goal, node)
+        last = ""
+        for attempt in range(1, self.max_attempts + 1):
+            r = await policy_call(self.generator, self.tokenizer, messages, self.spec, root_key=self.key,
+                                  name=f"judge:{node.id}#{attempt}", tree_id="judge", depth=node.depth)
+            if r.error:
+                last = r.error
+                continue
+            success, reason, last = parse_judge_reply(r.text)
+            if success is not None:
+                return Label(success, reason, attempt)
+        return Label(None, "", self.max_attempts, f"frozen-policy judge failed: {last}")
+
+
+def frozen_policy_engine(model_cfg: Any, params: Any, engine_config: Any, tokenizer: Any) -> Any:
+    """Returns an Engine serving a private copy of ``params`` (the initial policy), unaffected by later updates."""
+    from sera_jax.sampling.engine import Engine
+
+    frozen = jax.tree.map(lambda x: jax.numpy.array(x, copy=True), params)
+    return Engine(model_cfg, frozen, engine_config, tokenizer=tokenizer)
+
+
+def make_judge(env: str, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:
+    """Returns the label source for ``env``: programmatic for TextCraft; for TextWorld ``config["kind"]`` chooses
+    "chat" (``base_url``, ``model``, optional ``api_key``, ``timeout_s``, ``max_attempts``) or "policy_frozen"
+    (``generator`` = an engine over frozen initial params, ``tokenizer``)."""
+    if env == "textcraft":
+        return ProgrammaticJudge()
+    cfg = dict(config or {})
+    kind = cfg.pop("kind", "policy_frozen")
+    if kind == "chat":
+        return ChatJudge(cfg.pop("base_url"), cfg.pop("model"), **cfg)
+    if kind == "policy_frozen":
+        if generator is None or tokenizer is None:
+            raise ValueError("the policy_frozen judge needs a generator (frozen engine) and a tokenizer")
+        return PolicyJudge(generator, tokenizer, **cfg)
+    raise ValueError(f"unknown judge kind {kind!r}; expected 'chat' or 'policy_frozen'")

@@ -1,0 +1,165 @@
+"""Branch labels: the chat-completions judge against a real local HTTP server (success, garbage, timeout, 5xx then
+success, unreachable), strict reply parsing, the programmatic TextCraft label and the frozen-policy judge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sera_jax.agents.judge import (ChatJudge, JudgeUnavailable, PolicyJudge, ProgrammaticJudge, judge_messages,
+                                   make_judge, parse_judge_reply)
+from sera_jax.agents.records import Node, Turn
+from sera_jax.agents.scripted import ScriptedGenerator
+
+
+class ChatServer:
+    """A chat-completions server on 127.0.0.1 (ephemeral port) answering from a queue of behaviours."""
+
+    def __init__(self, behaviours):
+        self.behaviours, self.requests = list(behaviours), []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append((self.path, dict(self.headers), body))
+                kind, arg = server.behaviours.pop(0) if server.behaviours else ("reply", '{"success": true}')
+                if kind == "sleep":
+                    time.sleep(arg)
+                    kind, arg = "reply", '{"success": true, "reason": "late"}'
+                if kind == "status":
+                    self.send_response(arg)
+                    self.end_headers()
+                    return
+                data = (json.dumps({"choices": [{"message": {"role": "assistant", "content": arg}}]}).encode()
+                        if kind == "reply" else arg.encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _node():
+    return Node(id="root/subagent-0-0", goal="take white onion", depth=1, finish_message="took it",
+                turns=[Turn(0, [], [], [], 0, code="<action>take white onion</action>", output="You take it.")])
+
+
+def _label(judge):
+    return asyncio.run(judge.label(_node(), "prepare the meal"))
+
+
+def test_success_and_request_shape():
+    srv = ChatServer([("reply", 'Sure: {"success": true, "reason": "onion taken"} done')])
+    try:
+        label = _label(ChatJudge(srv.url, "kimi", api_key="k", backoff_s=0.01))
+        assert (label.success, label.reason, label.attempts) == (True, "onion taken", 1)
+        path, headers, body = srv.requests[0]
+        assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer k"
+        assert body["model"] == "kimi" and body["temperature"] == 1.0 and body["max_tokens"] == 1024
+        user = body["messages"][1]["content"]
+        # The reference's quirk: "Root Task" holds the sub-agent's own goal.
+        assert user.startswith("Root Task:\ntake white onion") and "Immediate Parent Goal:\nprepare the meal" in user
+        assert "You take it." in user
+    finally:
+        srv.close()
+
+
+def test_garbage_is_retried_then_excluded():
+    srv = ChatServer([("reply", "I think it worked"), ("raw", "not json at all"),
+                      ("reply", '{"success": "yes", "reason": "x"}')])
+    try:
+        label = _label(ChatJudge(srv.url, "m", max_attempts=3, backoff_s=0.01))
+        assert label.success is None and label.attempts == 3 and "success is not a boolean" in label.error
+        assert len(srv.requests) == 3
+    finally:
+        srv.close()
+
+
+def test_timeout_then_reply():
+    srv = ChatServer([("sleep", 1.5), ("reply", '{"success": false, "reason": "no onion"}')])
+    try:
+        t0 = time.monotonic()
+        label = _label(ChatJudge(srv.url, "m", timeout_s=0.5, backoff_s=0.01))
+        assert (label.success, label.attempts) == (False, 2) and time.monotonic() - t0 < 5
+    finally:
+        srv.close()
+
+
+def test_timeouts_exhaust_attempts():
+    srv = ChatServer([("sleep", 1.0)] * 2)
+    try:
+        label = _label(ChatJudge(srv.url, "m", timeout_s=0.3, max_attempts=2, backoff_s=0.01))
+        assert label.success is None and "within 0.3 s" in label.error
+    finally:
+        srv.close()
+
+
+def test_5xx_then_success_on_retry():
+    srv = ChatServer([("status", 503), ("status", 500), ("reply", '{"success": true, "reason": "ok"}')])
+    try:
+        t0 = time.monotonic()
+        label = _label(ChatJudge(srv.url, "m", max_attempts=5, backoff_s=0.05))
+        assert (label.success, label.attempts) == (True, 3) and len(srv.requests) == 3
+        assert time.monotonic() - t0 >= 0.15  # back-off 0.05 then 0.1
+    finally:
+        srv.close()
+
+
+def test_unreachable_gives_a_clear_error():
+    srv = ChatServer([])
+    url = srv.url
+    srv.close()  # nothing listens on that port any more
+    judge = ChatJudge(url, "m", max_attempts=2, backoff_s=0.01, timeout_s=2)
+    label = _label(judge)
+    assert label.success is None and "cannot reach" in label.error and url in label.error
+    with pytest.raises(JudgeUnavailable, match="policy_frozen"):
+        asyncio.run(judge.ensure_reachable())
+
+
+@pytest.mark.parametrize("text, expect", [
+    ('{"success": true, "reason": "r"}', (True, "r")),
+    ('```json\n{"success": false, "reason": ""}\n```', (False, "")),
+    ('{"success": 1, "reason": "r"}', None),
+    ('{"success": true}', None),
+    ('{"success": true, "reason": 3}', None),
+    ("[true]", None),
+])
+def test_strict_reply_parsing(text, expect):
+    success, reason, err = parse_judge_reply(text)
+    assert ((success, reason) == expect) if expect else (success is None and err)
+
+
+def test_programmatic_label():
+    node = _node()
+    assert _label(ProgrammaticJudge()).success is False
+    node.turns[0].reward_misc["reward/success"] = 1.0
+    assert asyncio.run(ProgrammaticJudge().label(node)).success is True
+
+
+def test_policy_frozen_judge(tok):
+    replies = iter(["hmm", '{"success": true, "reason": "fine"}'])
+    gen = ScriptedGenerator(tok, lambda info, ids: next(replies))
+    judge = make_judge("textworld_sync", {"kind": "policy_frozen"}, generator=gen, tokenizer=tok)
+    assert isinstance(judge, PolicyJudge)
+    label = _label(judge)
+    assert (label.success, label.attempts) == (True, 2)
+    assert [c[2].node_id for c in gen.calls] == ["judge:root/subagent-0-0#1", "judge:root/subagent-0-0#2"]
+    assert judge_messages("g", "p", _node())[0]["role"] == "system"
+    assert isinstance(make_judge("textcraft"), ProgrammaticJudge)
