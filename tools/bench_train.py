@@ -106,13 +106,19 @@ def with_behaviour_logprobs(batch, params, cfg: Qwen3Config, seed: int = 1):
 class TorchStep:
     """transformers Qwen3 + the CISPO loss + clip + AdamW, over the same stacked micro-batches."""
 
-    def __init__(self, hf_dir: Path, optim: OptimConfig):
+    def __init__(self, hf_dir: Path, optim: OptimConfig, remat: bool = False):
         import torch
         import transformers
 
         self.torch = torch
         self.model = transformers.Qwen3ForCausalLM.from_pretrained(
             hf_dir, dtype=torch.float32, attn_implementation="sdpa")
+        if remat:  # gradient checkpointing per decoder layer, as our cfg.remat
+            enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers ≥ 5 name
+            if enable is not None:
+                enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=(optim.b1, optim.b2),
                                      eps=optim.eps, weight_decay=optim.weight_decay)
@@ -171,6 +177,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smaller model and fewer steps")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per framework (after one warm-up)")
+    ap.add_argument("--remat", action="store_true",
+                    help="both sides recompute each layer in the backward pass (the paper's gradient checkpointing)")
     ap.add_argument("--threads", type=int, default=1, help="cores both frameworks are pinned to (default 1)")
     args = ap.parse_args(argv)
     spec = QUICK if args.quick else FULL
@@ -180,7 +188,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     cfg = Qwen3Config(**spec["model"], rope_theta=1_000_000.0, max_position_embeddings=4096,
-                      logits_chunk=spec["row_len"])
+                      logits_chunk=spec["row_len"], remat=args.remat)
     step_tokens = spec["row_len"] * spec["rows"] * spec["micro"]
     datums = make_datums(cfg, int(step_tokens * 0.9), spec["row_len"])
     packed = pack_datums(datums, token_budget=spec["row_len"] * spec["rows"], row_len=spec["row_len"])
@@ -193,7 +201,7 @@ def main(argv=None) -> dict:
     tx = make_optimizer(OPTIM)
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(cfg, params, tmp)
-        ref = TorchStep(Path(tmp), OPTIM)
+        ref = TorchStep(Path(tmp), OPTIM, remat=args.remat)
     micro_t = ref.inputs(batch)
 
     jax_step = make_train_step(cfg, tx, StepConfig(ratio_max=RATIO_MAX))
@@ -221,7 +229,8 @@ def main(argv=None) -> dict:
     n_params = cfg.num_params()
     print(f"config: {'quick' if args.quick else 'full'} Qwen3 vocab={cfg.vocab_size} d={cfg.hidden_size} "
           f"ffn={cfg.intermediate_size} layers={cfg.num_layers} heads={cfg.num_heads}/{cfg.num_kv_heads}x"
-          f"{cfg.head_dim} params={n_params / 1e6:.2f}M fp32; step = {batch.tokens.shape[0]} micro-batches x "
+          f"{cfg.head_dim} params={n_params / 1e6:.2f}M fp32 remat={cfg.remat}; "
+          f"step = {batch.tokens.shape[0]} micro-batches x "
           f"{batch.tokens.shape[1]} rows x {batch.tokens.shape[2]} tokens ({real_tokens} real tokens, "
           f"{loss_tokens} loss tokens, {len(datums)} packed sequences); CISPO clip [0, {RATIO_MAX}], "
           f"clip-norm {OPTIM.clip_norm}, AdamW lr {OPTIM.lr} wd {OPTIM.weight_decay} betas ({OPTIM.b1}, {OPTIM.b2})")
@@ -238,7 +247,8 @@ def main(argv=None) -> dict:
     print(f"{'step-1 loss (after AdamW)':28s}{float(jax_m[1]['loss']):14.6f}{torch_m[1]['loss']:14.6f}   "
           f"rel diff {loss1_rel:.1e}")
     print(f"speed-up (PyTorch time / JAX time): {speedup:.2f}x   (target >= 1.5x)")
-    result = {"mode": "quick" if args.quick else "full", "threads": torch.get_num_threads(), "jax_tok_s": round(real_tokens / jax_med),
+    result = {"mode": "quick" if args.quick else "full", "remat": int(cfg.remat), "threads": torch.get_num_threads(),
+              "jax_tok_s": round(real_tokens / jax_med),
               "torch_tok_s": round(real_tokens / torch_med), "speedup": round(speedup, 2),
               "jax_step_s": round(jax_med, 4), "torch_step_s": round(torch_med, 4),
               "loss_rel_diff": f"{loss_rel:.1e}", "grad_norm_rel_diff": f"{gn_rel:.1e}",
