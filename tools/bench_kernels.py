@@ -32,6 +32,8 @@ from sera_jax.kernels.paged_attention import paged_attention as paged_kernel  # 
 from sera_jax.model.qwen3 import dense_attention  # noqa: E402
 
 HBM_TBPS = 4.8
+# --tiny is compile-bound (interpret-mode kernels on CPU): XLA's lowest backend optimisation level halves that.
+TINY_COMPILE = {"xla_backend_optimization_level": 0}
 PEAK_TFLOPS = 989.0
 
 
@@ -52,6 +54,10 @@ def reference_paged_attention(q, k, v, k_pool, v_pool, layer, table, ctx_len):
                               jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool))[None], (b, t, t))], axis=2)
         p = jax.nn.softmax(jnp.where(ok[:, None], sc, -jnp.inf), axis=-1)
         return jnp.einsum("bhts,bshe->bthe", p.astype(q.dtype), vals).astype(q.dtype)
+
+
+def _jit(tiny: bool):
+    return (lambda f: jax.jit(f, compiler_options=TINY_COMPILE)) if tiny else jax.jit
 
 
 def timed(fn, *args, iters):
@@ -94,8 +100,9 @@ def bench_decode(tiny: bool, iters: int, interpret: bool, rows: int | None = Non
     q = jax.random.normal(ks[2], (b, 1, h, e), dt)
     k_new, v_new = jax.random.normal(ks[3], (b, 1, kv, e), dt), jax.random.normal(ks[4], (b, 1, kv, e), dt)
     args = (q, k_new, v_new, k_pool, v_pool, jnp.int32(0), jnp.asarray(table), jnp.asarray(lengths, jnp.int32))
-    kern = jax.jit(lambda *a: paged_kernel(*a, num_splits=splits, interpret=interpret))
-    ref = jax.jit(reference_paged_attention)
+    jit = _jit(tiny)
+    kern = jit(lambda *a: paged_kernel(*a, num_splits=splits, interpret=interpret))
+    ref = jit(reference_paged_attention)
     err = max_err(kern(*args), ref(*args))  # also the compile: timed() below reuses these jitted functions
     t_k, t_r = timed(kern, *args, iters=iters), timed(ref, *args, iters=iters)
     item = jnp.dtype(dt).itemsize
@@ -157,7 +164,7 @@ def bench_flash(tiny: bool, iters: int, interpret: bool, sweep: bool = False):
         def run(q, k, v):
             out, vjp = jax.vjp(fn, q, k, v)
             return out, vjp(ct)
-        return jax.jit(run)
+        return _jit(tiny)(run)
 
     fns = {"flash_fwdbwd": fwd_bwd(kern), "flash_ref_fwdbwd": fwd_bwd(ref)}
     out_k, g_k = fns["flash_fwdbwd"](q, k, v)

@@ -9,7 +9,7 @@ import pytest
 from sera_jax.kernels.flash_attention import flash_attention, flash_attention_with_lse
 from sera_jax.kernels.flash_bounds import tile_bounds
 from sera_jax.model.qwen3 import dense_attention
-from tests.kernels.oracles import packed_segments
+from tests.kernels.oracles import fast_jit, packed_segments
 
 
 def _inputs(rng, b, t, kv, group, e, dtype=jnp.float32):
@@ -17,7 +17,6 @@ def _inputs(rng, b, t, kv, group, e, dtype=jnp.float32):
     return n(b, t, kv * group, e), n(b, t, kv, e), n(b, t, kv, e), n(b, t, kv * group, e)
 
 
-@jax.jit
 def _ref(q, k, v, seg):
     return dense_attention(q, k, v, None, {"segment_ids": seg})[0]
 
@@ -27,7 +26,7 @@ def _out_and_grads(fn, q, k, v, ct):
     def run(q, k, v, ct):
         out, vjp = jax.vjp(fn, q, k, v)
         return out, vjp(ct)
-    return jax.jit(run)(q, k, v, ct)
+    return fast_jit(run)(q, k, v, ct)
 
 
 def _assert_same_out_and_grads(kern, ref, q, k, v, ct, atol_out=2e-5, atol_grad=5e-5):
@@ -63,8 +62,8 @@ def test_forward_matches_reference(group):
     # Gradients share one code path for every group > 1 (the dk/dv loop over the group), covered by group 4 above;
     # here the other ratios check the forward's head -> kv-head mapping. Interpret-mode compiles are the test cost.
     q, k, v, _, seg = _case(group, group)
-    out = flash_attention(q, k, v, seg, block_q=16, block_k=16, interpret=True)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(_ref(q, k, v, seg)), atol=2e-5, rtol=2e-5)
+    out = fast_jit(lambda *a: flash_attention(*a, block_q=16, block_k=16, interpret=True))(q, k, v, seg)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(fast_jit(_ref)(q, k, v, seg)), atol=2e-5, rtol=2e-5)
 
 
 def test_bf16_gradients_close_to_fp32_reference():
@@ -86,7 +85,7 @@ def test_lse_output_is_the_row_log_sum_exp():
     rng = np.random.default_rng(2)
     q, k, v, _ = _inputs(rng, 1, 16, 1, 2, 16)
     seg = jnp.ones((1, 16), jnp.int32)
-    _, lse = flash_attention_with_lse(q, k, v, seg, block_q=16, block_k=16, interpret=True)
+    _, lse = fast_jit(lambda *a: flash_attention_with_lse(*a, block_q=16, block_k=16, interpret=True))(q, k, v, seg)
     s = jnp.einsum("bthe,bshe->bhts", q, jnp.repeat(k, 2, axis=2)) * 16 ** -0.5
     s = jnp.where(jnp.tril(jnp.ones((16, 16), bool)), s, -jnp.inf)
     np.testing.assert_allclose(np.asarray(lse), np.asarray(jax.nn.logsumexp(s, -1).transpose(0, 2, 1)), atol=1e-5)

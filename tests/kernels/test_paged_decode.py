@@ -6,12 +6,18 @@ import pytest
 
 from sera_jax.kernels.paged_attention import paged_attention
 from sera_jax.kernels.paged_decode import paged_decode_attention
-from tests.kernels.oracles import make_paged_case, paged_oracle
+from tests.kernels.oracles import fast_jit, make_paged_case, paged_oracle
 
 
 def _cache_only(case, **kw):
-    return paged_decode_attention(case["q"], case["k_pool"], case["v_pool"], case["layer"], case["table"],
-                                  case["lengths"], interpret=True, **kw)
+    fn = fast_jit(lambda *a: paged_decode_attention(*a, interpret=True, **kw))
+    return fn(case["q"], case["k_pool"], case["v_pool"], case["layer"], case["table"], case["lengths"])
+
+
+def _engine_fn(case):
+    fn = fast_jit(lambda *a: paged_attention(*a, interpret=True))
+    return fn(case["q"], case["k_new"], case["v_new"], case["k_pool"], case["v_pool"], case["layer"], case["table"],
+              case["lengths"])
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
@@ -41,8 +47,7 @@ def test_several_queries_per_row_page_splits_and_the_engine_adapter():
         np.testing.assert_allclose(np.asarray(out), ref_out, atol=2e-5, rtol=2e-5)
         np.testing.assert_allclose(np.asarray(lse)[fin], ref_lse[fin], atol=2e-5, rtol=2e-5)
     # The engine-facing function adds the new tokens (causal among themselves, through the flash kernel).
-    out = paged_attention(case["q"], case["k_new"], case["v_new"], case["k_pool"], case["v_pool"], case["layer"],
-                          case["table"], case["lengths"], interpret=True)
+    out = _engine_fn(case)
     ref_out, _ = paged_oracle(case, include_new=True)
     assert out.shape == case["q"].shape and out.dtype == case["q"].dtype
     np.testing.assert_allclose(np.asarray(out), ref_out, atol=2e-5, rtol=2e-5)
@@ -53,8 +58,7 @@ def test_engine_adapter_decode_step():
     rng = np.random.default_rng(11)
     case = make_paged_case(rng, batch=4, kv_heads=2, group=2, head_dim=16, block_size=4, lengths=[0, 3, 9, 16],
                            shared_prefix_blocks=1, t_new=1)
-    out = paged_attention(case["q"], case["k_new"], case["v_new"], case["k_pool"], case["v_pool"], case["layer"],
-                          case["table"], case["lengths"], interpret=True)
+    out = _engine_fn(case)
     ref_out, _ = paged_oracle(case, include_new=True)
     np.testing.assert_allclose(np.asarray(out), ref_out, atol=2e-5, rtol=2e-5)
 
