@@ -1,0 +1,114 @@
+"""The rubric and scoring calls every rubric-using launcher makes (spec §3.1–3.5), on top of ``rubric.py``'s pure
+prompt building and parsing: what the rubric writer is shown at a delegation, how a finished child is shown to the
+scorer, and the two policy calls with their settings.
+
+Nothing here reaches an agent's conversation: rubric and score live only in records (spec §12.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sera_jax.agents.policy_call import RUBRIC_PROMPT_BUDGET, CallResult, CallSpec, policy_call
+from sera_jax.agents.records import Node
+from sera_jax.agents.rubric import (CHILD_TOOLS_TEXT, RubricContext, Score, child_trajectory_view, parse_rubric,
+                                    parse_score, rubric_request, score_request)
+
+FAILURE_POLICIES = ("drop_trajectory", "skip_rollout", "fallback_binary")
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricConfig:
+    """Settings of the rubric calls (spec §8 ``rubric_subagent_reward`` / ``rubric_generation_ranking``)."""
+
+    rubric_temperature: float = 1.0
+    scoring_temperature: float = 0.0
+    max_rubric_tokens: int = 1024
+    max_scoring_tokens: int = 1024
+    min_items: int = 2
+    failure_policy: str = "drop_trajectory"
+    prompt_budget: int = RUBRIC_PROMPT_BUDGET
+
+    def __post_init__(self) -> None:
+        if self.failure_policy not in FAILURE_POLICIES:
+            raise ValueError(f"unknown failure policy {self.failure_policy!r}; expected one of {FAILURE_POLICIES}")
+        if self.scoring_temperature != 0.0:
+            raise ValueError("scoring temperature must be 0 (spec §3.5)")
+
+    @classmethod
+    def from_method(cls, method: Any, **overrides: Any) -> "RubricConfig":
+        """Returns the settings a ``rl.stages.MethodConfig`` names, with ``overrides`` applied."""
+        base = dict(rubric_temperature=method.rubric_temperature, scoring_temperature=method.scoring_temperature,
+                    max_rubric_tokens=method.max_rubric_tokens, max_scoring_tokens=method.max_scoring_tokens,
+                    min_items=method.min_rubric_criteria, failure_policy=method.failure_policy)
+        base.update(overrides)
+        return cls(**base)
+
+    def rubric_spec(self, temperature: float | None = None, max_tokens: int | None = None) -> CallSpec:
+        return CallSpec(self.rubric_temperature if temperature is None else temperature,
+                        max_tokens or self.max_rubric_tokens, self.prompt_budget)
+
+    def scoring_spec(self, max_tokens: int | None = None) -> CallSpec:
+        return CallSpec(self.scoring_temperature, max_tokens or self.max_scoring_tokens, self.prompt_budget)
+
+
+def child_tools(env: str) -> str:
+    """Returns the child-tools text of the rubric prompt (the TextCraft list; the reference also shows it for
+    TextWorld in the ranking stage, so TextWorld's own action kinds are used only in the execution stage)."""
+    return CHILD_TOOLS_TEXT if env == "textcraft" else "action, inventory, delegate, finish"
+
+
+def node_view(node: Node) -> dict[str, Any]:
+    """Returns the scorer's view of a child: its own steps only (grandchildren appear through its launch outputs)."""
+    steps = [{"thought": t.thought, "code": t.code, "output": t.output, "error": t.error} for t in node.turns]
+    return child_trajectory_view(node.goal, steps, node.finish_message, node.error_message)
+
+
+def final_inventory_state(node: Node) -> dict[str, Any]:
+    """Returns ``{"inventory": final inventory}`` from the last turn whose reward_misc has one (present only when
+    the child called finish), else {} (spec §3.3, execution stage)."""
+    for t in reversed(node.turns):
+        if "final_inventory" in t.reward_misc:
+            return {"inventory": dict(t.reward_misc["final_inventory"])}
+    return {}
+
+
+async def observable_state(env: Any) -> dict[str, Any]:
+    """Returns ``env.state()`` or {} when the world cannot say (a dead worker must not end the parent)."""
+    try:
+        return await env.state()
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def rubric_context(parent: Node, messages: list[dict], action: str, state: dict, child_goal: str, *, env: str,
+                   child_budget: int, metadata: dict[str, Any]) -> RubricContext:
+    """Returns the rubric writer's inputs at one delegation point."""
+    return RubricContext(parent_goal=parent.goal, metadata=metadata, parent_messages=messages, parent_action=action,
+                         environment_state=state, child_goal=child_goal, child_tools=child_tools(env),
+                         child_budget=child_budget)
+
+
+async def write_rubric(run: Any, ctx: RubricContext, spec: CallSpec, name: str, *, min_items: int,
+                       depth: int = 0) -> tuple[CallResult, dict | None, str]:
+    """Returns (the call, the validated rubric | None, why it is invalid)."""
+    res = await policy_call(run.generator, run.tokenizer, rubric_request(ctx, min_items), spec,
+                            root_key=run.root_key, name=name, tree_id=run.tree.id, depth=depth,
+                            policy_version=run.settings.policy_version)
+    if res.error:
+        return res, None, res.error
+    rubric, err = parse_rubric(res.text, min_items)
+    return res, rubric, err
+
+
+async def score_node(run: Any, rubric: dict, node: Node, final_state: dict, spec: CallSpec,
+                     name: str) -> tuple[CallResult, Score | None, str]:
+    """Returns (the call, the parsed Score | None, why it is invalid) for one finished child under ``rubric``."""
+    messages = score_request(rubric, node.goal, node_view(node), final_state)
+    res = await policy_call(run.generator, run.tokenizer, messages, spec, root_key=run.root_key, name=name,
+                            tree_id=run.tree.id, depth=node.depth, policy_version=run.settings.policy_version)
+    if res.error:
+        return res, None, res.error
+    score, err = parse_score(res.text)
+    return res, score, err
