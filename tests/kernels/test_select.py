@@ -10,6 +10,7 @@ import pytest
 from sera_jax.kernels import select
 from sera_jax.kernels.paged_attention import paged_attention as paged_kernel
 from sera_jax.model.qwen3 import dense_attention
+from sera_jax.sampling import attention
 from tests.kernels.oracles import fast_jit, make_paged_case
 
 
@@ -51,7 +52,6 @@ def test_flash_training_attention_has_the_dense_attention_contract():
 
 
 def test_paged_kernel_is_a_drop_in_for_the_engine_reference():
-    attention = pytest.importorskip("sera_jax.sampling.attention", reason="engine attention module not present")
     ref = attention.paged_attention
     assert list(inspect.signature(ref).parameters) == list(inspect.signature(paged_kernel).parameters)[:8]
     rng = np.random.default_rng(4)
@@ -63,3 +63,9 @@ def test_paged_kernel_is_a_drop_in_for_the_engine_reference():
             case["table"], case["lengths"])
     got = fast_jit(lambda *a: paged_kernel(*a, interpret=True))(*args)
     np.testing.assert_allclose(np.asarray(got), np.asarray(fast_jit(ref)(*args)), atol=2e-5, rtol=2e-5)
+
+
+def test_engine_select_impl_picks_reference_on_cpu_and_kernel_on_request(monkeypatch):
+    monkeypatch.delenv(select.ENV, raising=False)
+    assert attention.select_impl() is attention.paged_attention
+    assert attention.select_impl("pallas") is select.sharded_paged_attention

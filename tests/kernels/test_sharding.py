@@ -1,4 +1,5 @@
-"""Kernels under a device mesh: shard_map over local rows and head groups gives the unsharded result."""
+"""Kernels under a device mesh (training and sampling rules): shard_map over local rows and head groups gives the
+unsharded result."""
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 from sera_jax.kernels import select, sharding
 from sera_jax.model.qwen3 import dense_attention
 from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
-from sera_jax.parallel.rules import TRAIN_RULES
-from tests.kernels.oracles import fast_jit
+from sera_jax.parallel.rules import SAMPLE_RULES, TRAIN_RULES
+from tests.kernels.oracles import fast_jit, make_paged_case, paged_oracle
 
 
 def _mesh(shape):
@@ -56,3 +57,16 @@ def test_flash_training_attention_under_a_training_mesh_matches_reference():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=5e-5, rtol=5e-5)
     # The kernel really ran sharded: its output comes back split over rows and heads.
     assert got[0].sharding.is_equivalent_to(NamedSharding(mesh, P("data", None, "tensor", None)), 4)
+
+
+def test_paged_attention_under_the_sampling_mesh_matches_the_unsharded_kernel():
+    # The engine's layout: rows over data, query heads / kv heads / the pool's kv-head axis over tensor.
+    mesh = _mesh((2, 1, 2))
+    case = make_paged_case(np.random.default_rng(5), batch=4, kv_heads=2, group=2, head_dim=16, block_size=4,
+                           lengths=[0, 3, 9, 16], shared_prefix_blocks=1, t_new=1)
+    args = (case["q"], case["k_new"], case["v_new"], case["k_pool"], case["v_pool"], jnp.int32(case["layer"]),
+            case["table"], case["lengths"])
+    with activate(mesh, SAMPLE_RULES):
+        out = fast_jit(lambda *a: select.sharded_paged_attention(*a, interpret=True))(*args)
+    np.testing.assert_allclose(np.asarray(out), paged_oracle(case, include_new=True)[0], atol=2e-5, rtol=2e-5)
+    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("data", None, "tensor", None)), 4)
