@@ -46,3 +46,11 @@ def paged_attention(q_BTHE: Float[Array, "B T H E"], k_BTKE: Float[Array, "B T K
     out = (jnp.einsum("bkgts,bske->btkge", p_cache, v_cache.astype(dt), preferred_element_type=jnp.float32)
            + jnp.einsum("bkgts,bske->btkge", p_new, v_BTKE.astype(dt), preferred_element_type=jnp.float32))
     return out.reshape(b, t, h, e).astype(q_BTHE.dtype)
+
+
+def select_impl(impl: str | None = None):
+    """Returns the paged attention to call (same signature as ``paged_attention``): the Pallas GPU kernel from
+    ``sera_jax.kernels`` on a GPU (run per device under the engine's mesh), this reference elsewhere.
+    ``impl`` or $SERA_ATTENTION_IMPL ("reference" | "pallas") overrides the choice."""
+    from sera_jax.kernels.select import select_paged_attention  # lazy: the kernels import Pallas
+    return select_paged_attention(paged_attention, impl)
