@@ -5,8 +5,8 @@ Usage: ``python tools/bench_kernels.py [--tiny] [--sweep] [--iters N] [--only de
 
 Full mode targets one H200: 32 query heads, 8 kv heads, head_dim 128, bf16, block size 16; decode over a ragged
 batch of cached contexts, flash over packed rows of causal segments. For each kernel it first checks the result
-against the pure-JAX reference at that shape (exit status 1 on a mismatch), then times both (median of ``iters``
-after a warm-up). Rates are useful work only: decode bytes = the cached K/V actually attended (+ q, out), against
+against the pure-JAX reference at that shape (max error relative to the reference's largest magnitude; exit status
+1 on a mismatch), then times both (median of ``iters`` after a warm-up). Rates are useful work only: decode bytes = the cached K/V actually attended (+ q, out), against
 4.8 TB/s; flash FLOPs = the unmasked causal-within-segment score and value products (4·E per pair per head forward,
 2.5x that backward), against 989 TFLOP/s dense bf16. ``--tiny`` runs tiny shapes on CPU in Pallas interpret mode in
 seconds: it checks that the script and the kernels run, its times mean nothing. Ends with a ``RESULT`` line.
@@ -72,7 +72,9 @@ def timed(fn, *args, iters):
 
 
 def max_err(a, b):
-    return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+    """Returns max |a - b| relative to max |b| (bf16 gradients at 8k tokens are large; absolute error scales)."""
+    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-6))
 
 
 def bench_decode(tiny: bool, iters: int, interpret: bool, rows: int | None = None, splits: int = 1,
@@ -219,7 +221,7 @@ def main(argv=None) -> int:
         res.update(bench_flash(args.tiny, iters, interpret, args.sweep))
     for k, v in res.items():
         print(f"  {k:28s} {v:.4g}")
-    tol = 1e-4 if args.tiny else 6e-2  # bf16 at full size: the kernel and XLA round differently
+    tol = 1e-4 if args.tiny else 2e-2  # relative; bf16 at full size: the kernel and XLA round differently
     ok = all(v <= tol for k, v in res.items() if k.endswith("_err"))
     fields = " ".join(f"{k}={v:.4g}" for k, v in res.items())
     print(f"RESULT backend={backend}{'-interpret' if interpret else ''} tiny={int(args.tiny)} correct={int(ok)} {fields}")

@@ -35,7 +35,7 @@ def test_compiled_kernels_match_references_on_gpu():
     from sera_jax.model.qwen3 import dense_attention
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import bench_kernels
-    assert bench_kernels.bench_decode(tiny=False, iters=1, interpret=False)["decode_err"] < 6e-2
+    assert bench_kernels.bench_decode(tiny=False, iters=1, interpret=False)["decode_err"] < 2e-2
     rng = np.random.default_rng(0)
     q, ct = (jnp.asarray(rng.normal(size=(2, 300, 8, 64)), jnp.bfloat16) for _ in range(2))
     k, v = (jnp.asarray(rng.normal(size=(2, 300, 2, 64)), jnp.bfloat16) for _ in range(2))
