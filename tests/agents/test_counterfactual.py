@@ -119,3 +119,32 @@ def test_budget_vector():
     col = CounterfactualCollector("textcraft", ProgrammaticJudge())
     assert col.created == 1 and col.reserve() and col.created == 9
     assert col.reserve() and col.created == 17 and not col.reserve() and col.created == 17
+
+
+def test_concurrent_launches_from_one_cell_overwrite(tc_task, tok):
+    """Spec §14: two launches gathered in one cell each get a fork group in call order (9, then 17); both fork the
+    same world and each branch-0 commit replaces the whole shared inventory, so the first group's craft is erased
+    by the second's (4 o3_i1 in the end, not 8). Kept as in the reference, and documented in the module."""
+    cell = py("import asyncio\nr = await asyncio.gather(launch_subagent({'o3_i1': 4}), "
+              "launch_subagent({'o3_i1': 4}))\nprint(view_inventory())")
+
+    def script(info, ids):
+        if info.node_id == "root":
+            return [cell, py("finish('ok')")][info.turn]
+        if info.node_id.startswith(("rubric:", "score:")):
+            return "{}"
+        return CRAFT
+
+    async def main():
+        pool = await start_pool(1)
+        try:
+            col = CounterfactualCollector("textcraft", ProgrammaticJudge())
+            return await run_tree(tc_task, "textcraft", ScriptedGenerator(tok, script), tok,
+                                  RuntimeSettings.for_env("textcraft"), pool=pool, launcher=col), col
+        finally:
+            await pool.close()
+
+    tree, col = asyncio.run(main())
+    assert col.created == 17 and [g.parent_id for g in tree.fork_groups] == ["root", "root"]
+    assert all(all(b.success for b in g.branches) for g in tree.fork_groups)
+    assert "'o3_i1': 4" in tree.root.turns[0].output and "'raw_o5': 7" in tree.root.turns[0].output
