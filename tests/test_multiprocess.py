@@ -59,10 +59,10 @@ def _worker(num_processes: int, process_id: int, port: int) -> None:
 
     cfg = Qwen3Config.preset("tiny")
     assert jax.device_count() == 8 and jax.local_device_count() == 8 // num_processes
-    # Data across the 2 hosts, fsdp within each: devices ordered by process, so data row i is process i's devices
-    # (make_mesh's dcn_data path asks jax for TPU slices, which CPU devices do not have).
+    # Data across the 2 hosts, fsdp within each: the multi-host path is make_mesh's dcn_data layout (processes are
+    # the slow-axis granules); the 1-process reference orders its 8 devices the same way.
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    mesh = make_mesh(MeshConfig(data=2, fsdp=4, tensor=1), devices=devices)
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4, tensor=1, dcn_data=num_processes), devices=devices)
     params = _host_params(cfg)  # the same host copy in every process
     tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0))
 

@@ -74,7 +74,10 @@ def make_mesh(cfg: MeshConfig | None = None, devices=None) -> Mesh:
     data, fsdp, tensor = cfg.resolve(len(devices))
     if cfg.dcn_data > 1:
         per_host = (data // cfg.dcn_data, fsdp, tensor)
-        grid = mesh_utils.create_hybrid_device_mesh(per_host, (cfg.dcn_data, 1, 1), devices=devices)
+        # On GPU/CPU every device reports slice 0: the "granules" along the slow axis are processes (hosts).
+        slices = {getattr(d, "slice_index", 0) for d in devices}
+        grid = mesh_utils.create_hybrid_device_mesh(per_host, (cfg.dcn_data, 1, 1), devices=devices,
+                                                    process_is_granule=len(slices) != cfg.dcn_data)
     else:
         try:
             grid = mesh_utils.create_device_mesh((data, fsdp, tensor), devices=devices)
