@@ -58,8 +58,10 @@ def _kernel(layer_ref, len_ref, table_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, 
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
         prob = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
-        # Unwritten slots of the last page may hold anything; zero them so 0 * garbage cannot make a NaN.
-        v = jnp.where(valid.reshape(page, 1), v, jnp.zeros_like(v))
+        # Unwritten slots of the last page may hold anything; zero them so 0 * garbage cannot make a NaN. (The
+        # column mask is built from its own iota rather than by reshaping the row mask: no reshape in the kernel.)
+        valid_col = (p * page + lax.broadcasted_iota(jnp.int32, (page, 1), 0)) < length
+        v = jnp.where(valid_col, v, jnp.zeros_like(v))
         pv = lax.dot_general(prob.astype(v.dtype), v, _NN, preferred_element_type=jnp.float32)
         return acc * alpha[:, None] + pv, m_new, l * alpha + jnp.sum(prob, axis=1)
 
