@@ -23,6 +23,9 @@ which ``rl.datums.rubric_datums`` trains) and 8 scoring calls at temperature 0 (
 ``Branch.score``). An invalid rubric skips the group; an invalid score leaves that branch's score None (it is left
 out of the ranking).
 
+Depth: the runtime refuses a launch beyond the depth limit before any launcher runs, with the default launcher's
+refusal text (the reference's collector words it differently); no group is reserved for a refused launch.
+
 Concurrent launches from one TextCraft cell (``asyncio.gather``, spec §14): in deterministic mode the runtime
 serialises launches of one parent (``TreeRun.sibling_order``), so they are handled one after another. Otherwise
 they overlap as in the reference: each takes its own reservation in call order (so a sibling may get a group while a

@@ -163,8 +163,8 @@ class ChatJudge:
             if attempt < self.max_attempts:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
         raise JudgeUnavailable(f"TextWorld judge endpoint {self.url} (model {self.model!r}) is unavailable after "
-                               f"{self.max_attempts} attempts: {err}. Set judge.base_url to a reachable OpenAI-compatible "
-                               "server, or use judge.kind=policy_frozen to label with a frozen copy of the policy.")
+                               f"{self.max_attempts} attempts: {err}. Set judge.base_url to a reachable "
+                               "OpenAI-compatible server, or use judge.kind=policy_frozen to label with a frozen copy of the policy.")
 
 
 class PolicyJudge:

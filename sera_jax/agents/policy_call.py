@@ -51,7 +51,7 @@ class CallResult:
 
 async def policy_call(generator: Any, tokenizer: Any, messages: Sequence[dict], spec: CallSpec, *,
                       root_key: jax.Array, name: str, tree_id: str = "", depth: int = 0,
-                      policy_version: int = 0, timeout_s: float | None = None) -> CallResult:
+                      timeout_s: float | None = None) -> CallResult:
     """Runs one side call; returns its CallResult (never raises except on cancellation)."""
     try:
         prompt = await asyncio.to_thread(build_prompt, tokenizer, list(messages), spec.max_prompt_tokens)

@@ -95,7 +95,7 @@ async def write_rubric(run: Any, ctx: RubricContext, spec: CallSpec, name: str, 
     """Returns (the call, the validated rubric | None, why it is invalid)."""
     res = await policy_call(run.generator, run.tokenizer, rubric_request(ctx, min_items), spec,
                             root_key=run.root_key, name=name, tree_id=run.tree.id, depth=depth,
-                            policy_version=run.settings.policy_version)
+                            timeout_s=run.settings.step_timeout_s)
     if res.error:
         return res, None, res.error
     rubric, err = parse_rubric(res.text, min_items)
@@ -107,7 +107,7 @@ async def score_node(run: Any, rubric: dict, node: Node, final_state: dict, spec
     """Returns (the call, the parsed Score | None, why it is invalid) for one finished child under ``rubric``."""
     messages = score_request(rubric, node.goal, node_view(node), final_state)
     res = await policy_call(run.generator, run.tokenizer, messages, spec, root_key=run.root_key, name=name,
-                            tree_id=run.tree.id, depth=node.depth, policy_version=run.settings.policy_version)
+                            tree_id=run.tree.id, depth=node.depth, timeout_s=run.settings.step_timeout_s)
     if res.error:
         return res, None, res.error
     score, err = parse_score(res.text)

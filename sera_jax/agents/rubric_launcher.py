@@ -14,6 +14,10 @@ An invalid rubric or score follows ``failure_policy``: ``drop_trajectory`` (defa
 ``skip_gradient_update``; ``skip_rollout`` also marks the whole tree (``tree.misc["skip_rollout"]``, and
 ``usable_trees`` leaves it out); ``fallback_binary`` keeps the env reward as the child's score.
 
+Departure: the "parent action" the rubric writer sees is the delegating code cell (TextCraft) or the whole reply
+(TextWorld) as the launch request carries it; the reference shows the raw TextCraft response text (thought included),
+which the runtime has not yet attached to a turn when the launch happens.
+
 Call ``await launcher.finalize(tree)`` once the tree has finished (``LauncherFactory.finalize`` does it): it awaits
 the outstanding scoring tasks and returns the counts also written to ``tree.misc["rubric_stats"]``.
 """

@@ -81,7 +81,8 @@ def test_budget_branches_labels_commit_and_credit(tc_task, tok):
     assert [b.success for b in g.branches] == [b in SUCCEEDS for b in range(8)]
     assert [b.selected for b in g.branches] == [True] + [False] * 7
     assert all(b.initial_state == {"inventory": {"raw_o7": 3, "raw_o5": 9, "raw_t6": 1}} for b in g.branches)
-    assert g.branches[1].final_state["inventory"]["raw_o5"] == 9 and g.branches[2].final_state["inventory"]["o3_i1"] == 4
+    assert g.branches[1].final_state["inventory"]["raw_o5"] == 9
+    assert g.branches[2].final_state["inventory"]["o3_i1"] == 4
     # All 8 branch trajectories are children of the root at the same fork step.
     branch_nodes = [tree.nodes[b.trajectory_id] for b in g.branches]
     assert all(n.parent_id == "root" and n.fork_step == 1 and n.fork_group_id == g.id for n in branch_nodes)

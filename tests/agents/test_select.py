@@ -51,8 +51,8 @@ def test_textcraft_higher_score_committed(tc_task, tok):
     assert tree.nodes[TC_CHILD + "#c1"].misc["selection"] == {"score": 0.9, "selected": True}
     # Root greedy, candidates at 1.0, rubric and scoring greedy with 1024 / 512 tokens.
     assert gen.seen["root@0"].temperature == 0.0 and gen.seen[f"{TC_CHILD}#c0@0"].temperature == 1.0
-    assert (gen.seen[f"rubric:{TC_CHILD}@0"].temperature, gen.seen[f"rubric:{TC_CHILD}@0"].max_new_tokens) == (0.0, 1024)
-    assert (gen.seen[f"score:{TC_CHILD}#c1@0"].temperature, gen.seen[f"score:{TC_CHILD}#c1@0"].max_new_tokens) == (0.0, 512)
+    rubric, score = gen.seen[f"rubric:{TC_CHILD}@0"], gen.seen[f"score:{TC_CHILD}#c1@0"]
+    assert (rubric.temperature, rubric.max_new_tokens, score.temperature, score.max_new_tokens) == (0, 1024, 0, 512)
 
 
 def _tw_script(rubric, s0, s1):
