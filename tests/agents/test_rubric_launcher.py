@@ -133,3 +133,33 @@ def test_malformed_rubric_or_score(tw_task, tok, policy, which, case, text):
         assert {d.node_id for d in execution_datums(tree, filter_errors=False)} == {"root"}
         assert usable_trees([tree]) == ([] if policy == "skip_rollout" else [tree])
     assert child.reward == env  # the env value stays in the slot; only a valid score replaces it
+
+
+def test_two_children_in_lockstep_and_a_failing_rubric_call(tw_task, tok):
+    """A delegate block with two goals in deterministic mode: each child gets its own rubric and score; a generator
+    error on one rubric call is an invalid rubric for that child only (the policy client makes one attempt)."""
+    two = '<delegate>{"delegations": [{"goal": "take the white onion"}, {"goal": "look around"}]}</delegate>'
+    kids = ["root/subagent-0-0", "root/subagent-0-1"]
+
+    class Failing(ScriptedGenerator):
+        async def generate(self, prompt_ids, params, key=None):
+            if CURRENT_TURN.get().node_id == f"rubric:{kids[1]}":
+                raise RuntimeError("engine refused the request")
+            return await super().generate(prompt_ids, params, key)
+
+    script = {"root": [two, "<finish>done</finish>"], kids[0]: TW_CHILD_REPLIES,
+              kids[1]: ["<action>look around</action>", "<finish>looked</finish>"],
+              f"rubric:{kids[0]}": [rubric_text()], f"score:{kids[0]}": [score_text(0.6)]}
+    launcher = RubricCoordinator("textworld_sync")
+
+    async def main():
+        s = RuntimeSettings.for_env("textworld_sync", deterministic=True)
+        tree = await run_tree(tw_task, "textworld_sync", Failing(tok, script), tok, s, launcher=launcher)
+        await launcher.finalize(tree)
+        return tree
+
+    tree = asyncio.run(main())
+    a, b = (tree.nodes[k] for k in kids)
+    assert a.rubric_score.score == 0.6 and not a.skip_gradient_update
+    assert b.skip_gradient_update and "engine refused the request" in b.misc["rubric_failure"]
+    assert tree.misc["rubric_stats"] == {"children": 2, "rubric_invalid": 1, "score_invalid": 0, "scored": 1}
