@@ -81,6 +81,7 @@ def main() -> None:
     shared_len = 512 if args.quick else 2048
     branch_new = 8 if args.quick else 32
     prompt_len = 64
+    reps = 1 if args.quick else 2
     params = jax.tree.map(lambda x: x * 2.0, init_params(jax.random.key(0), cfg))
     print(f"model: Qwen3 vocab={cfg.vocab_size} hidden={cfg.hidden_size} layers={cfg.num_layers} heads={cfg.num_heads}"
           f"/{cfg.num_kv_heads} ({cfg.num_params() / 1e6:.1f}M params, fp32), CPU x{os.cpu_count()}, jax "
@@ -110,11 +111,16 @@ def main() -> None:
         warm = rs.randint(0, cfg.vocab_size, (b, prompt_len)).tolist()
         prompts = rs.randint(0, cfg.vocab_size, (b, prompt_len)).tolist()
         run_engine(engine, warm, greedy)
-        c0 = engine.compile_count()
-        res, t_eng = run_engine(engine, prompts, greedy)
-        assert engine.compile_count() == c0, "the timed run compiled"
         hf_generate(hf, warm, new_tokens)
-        t_hf, hf_tokens = hf_generate(hf, prompts, new_tokens)
+        c0 = engine.compile_count()
+        # Best of `reps` alternating runs: the CPU may be shared, and the minimum is the least disturbed time.
+        t_eng = t_hf = float("inf")
+        for _ in range(reps):
+            res, t = run_engine(engine, prompts, greedy)
+            t_eng = min(t_eng, t)
+            t, hf_tokens = hf_generate(hf, prompts, new_tokens)
+            t_hf = min(t_hf, t)
+        assert engine.compile_count() == c0, "the timed run compiled"
         agree = np.mean([np.mean(np.asarray(r.token_ids) == h) for r, h in zip(res, hf_tokens)])
         e_tps, h_tps = b * new_tokens / t_eng, b * new_tokens / t_hf
         ratios[b] = e_tps / h_tps
@@ -128,13 +134,17 @@ def main() -> None:
     for caching in (True, False):
         eng = Engine(cfg, params, dataclasses.replace(ec, prefix_caching=caching))
         eng.warmup()
-        for trial in ("warm-up", "timed"):
+        best = None
+        for trial in range(1 + reps):  # the first is a warm-up; fresh prompts each time (nothing cached before)
             shared = rs.randint(0, cfg.vocab_size, shared_len).tolist()
             before = eng.stats()["prefill_tokens"]
             c0 = eng.compile_count()
             _, t = run_engine(eng, [shared] * 8, sp, keys=[jax.random.key(i) for i in range(8)])
-            compiled_in_timed[caching] = eng.compile_count() - c0
-            branch[caching] = (eng.stats()["prefill_tokens"] - before, t)
+            if trial:
+                compiled_in_timed[caching] = eng.compile_count() - c0
+                n = eng.stats()["prefill_tokens"] - before
+                best = (n, t) if best is None or t < best[1] else best
+        branch[caching] = best
         eng.close()
     assert not any(compiled_in_timed.values()), f"the timed branch runs compiled: {compiled_in_timed}"
     (pc, tc), (pn, tn) = branch[True], branch[False]
