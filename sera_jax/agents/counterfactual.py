@@ -49,6 +49,7 @@ from sera_jax.agents.rubric_calls import (RubricConfig, observable_state, rubric
 
 BRANCHES = 8
 MAX_ENVS = 16
+INPUTS_KEY = "fork_group_inputs"
 
 
 def collector_text(branch0: Node | None, collected: int) -> str:
@@ -56,16 +57,6 @@ def collector_text(branch0: Node | None, collected: int) -> str:
     msg = (branch0.finish_message or branch0.error_message) if branch0 is not None else None
     msg = msg or "Subagent branch 0 completed."
     return f"{msg}\n\nSelected branch: 0; counterfactual branches collected: {collected}.\n"
-
-
-@dataclasses.dataclass
-class _GroupInputs:
-    """What the post-hoc rubric needs that the records do not hold: the parent's messages before the delegating
-    action, the action text seen at launch time, and the child's budget."""
-
-    messages: list[dict]
-    action: str
-    budget: int
 
 
 class CounterfactualCollector:
@@ -79,7 +70,6 @@ class CounterfactualCollector:
         self.branches, self.max_envs = branches, max_envs
         self.created = 1
         self.run: Any = None
-        self.inputs: dict[str, _GroupInputs] = {}
         self._default = DefaultLauncher()
 
     def reserve(self) -> bool:
@@ -121,7 +111,10 @@ class CounterfactualCollector:
         group = ForkGroup(id=gid, parent_id=req.parent.id, fork_step=req.fork_step, child_depth=spec.depth,
                           goal=spec.goal)
         tree.fork_groups.append(group)  # registered now so nested groups number after it
-        self.inputs[gid] = _GroupInputs([dict(m) for m in req.parent_messages], req.parent_action, spec.max_steps)
+        # What the post-hoc rubric needs beyond the nodes, kept in the record so a group can be ranked (again) from
+        # the JSONL alone: the parent's messages before the delegating action, the action text, the child's budget.
+        tree.misc.setdefault(INPUTS_KEY, {})[gid] = {"messages": [dict(m) for m in req.parent_messages],
+                                                      "action": req.parent_action, "budget": spec.max_steps}
         snapshot = await observable_state(req.env)
         worlds = [await req.env.fork() for _ in range(self.branches)]
 
@@ -173,47 +166,62 @@ class CounterfactualCollector:
 
     # -- after the tree ---------------------------------------------------------------------------------------
     async def finalize(self, tree: Tree) -> dict:
-        """Writes the fresh rubric and the branch scores of every complete fork group of ``tree``; returns counts
-        (also in ``tree.misc["rubric_stats"]``)."""
-        stats = {"groups": len(tree.fork_groups), "complete": 0, "rubric_invalid": 0, "scores": 0,
-                 "score_invalid": 0}
-        notes = tree.misc.setdefault("fork_group_notes", {})
-        groups = [g for g in tree.fork_groups if g.complete and g.id in self.inputs and self.run is not None]
-        stats["complete"] = len(groups)
-        results = await asyncio.gather(*(self._rank_inputs(tree, g) for g in groups))
-        for g, note in zip(groups, results):
-            notes[g.id] = note
-            stats["rubric_invalid"] += int(g.rubric is None)
-            stats["scores"] += sum(1 for b in g.branches if b.score is not None)
-            stats["score_invalid"] += sum(1 for b in g.branches if b.score is None) if g.rubric is not None else 0
-        tree.misc["rubric_stats"] = stats
-        return stats
+        """Ranks the tree's complete fork groups (``rank_fork_groups``) with this tree's generator and key."""
+        if self.run is None:  # no delegation happened: nothing to rank
+            tree.misc["rubric_stats"] = {"groups": 0, "complete": 0, "rubric_invalid": 0, "scores": 0,
+                                         "score_invalid": 0}
+            return dict(tree.misc["rubric_stats"])
+        return await rank_fork_groups(tree, self.run, self.config)
 
-    async def _rank_inputs(self, tree: Tree, g: ForkGroup) -> dict:
-        run, cfg, inputs = self.run, self.config, self.inputs[g.id]
-        parent = tree.nodes[g.parent_id]
-        turn = parent.turns[g.fork_step] if g.fork_step < len(parent.turns) else None
-        action = turn.completion_text if turn is not None and turn.completion_text else inputs.action
-        ctx = rubric_context(parent, inputs.messages, action, g.branches[0].initial_state or {}, g.goal,
-                             env="textcraft", child_budget=inputs.budget,  # TextCraft tool names: reference quirk
-                             metadata={"fork_group_id": g.id, "parent_trajectory_id": parent.id,
-                                       "parent_depth": parent.depth, "child_depth": g.child_depth,
-                                       "fork_step": g.fork_step, "branch_index": 0})
-        call, rubric, err = await write_rubric(run, ctx, cfg.rubric_spec(), f"rubric:{g.id}",
-                                               min_items=cfg.min_items, depth=parent.depth)
-        g.rubric_turn, g.rubric = call.turn, rubric
-        if rubric is None:
-            g.skipped = True
-            return {"rubric_error": err}
-        spec: CallSpec = cfg.scoring_spec()
-        scored = await asyncio.gather(*(score_node(run, rubric, tree.nodes[b.trajectory_id], b.final_state or {},
-                                                   spec, f"score:{g.id}#b{b.branch_index}") for b in g.branches))
-        errors = {}
-        for b, (scall, score, serr) in zip(g.branches, scored):
-            if scall.turn is not None:
-                scall.turn.index = b.branch_index
-                g.score_turns.append(scall.turn)
-            b.score = score.value if score is not None else None
-            if serr:
-                errors[str(b.branch_index)] = serr
-        return {"score_errors": errors}
+
+async def rank_fork_groups(tree: Tree, run: Any, config: RubricConfig) -> dict:
+    """Writes the fresh rubric and the 8 branch scores of every complete fork group of ``tree``; returns counts
+    (also in ``tree.misc["rubric_stats"]``).
+
+    ``run`` supplies the calls: a ``TreeRun``, or for a tree read back from JSONL any object with ``tree``,
+    ``generator``, ``tokenizer``, ``root_key`` and ``settings`` (e.g. a ``types.SimpleNamespace``)."""
+    stats = {"groups": len(tree.fork_groups), "complete": 0, "rubric_invalid": 0, "scores": 0, "score_invalid": 0}
+    notes = tree.misc.setdefault("fork_group_notes", {})
+    inputs = tree.misc.get(INPUTS_KEY, {})
+    groups = [g for g in tree.fork_groups if g.complete and g.id in inputs]
+    stats["complete"] = len(groups)
+    results = await asyncio.gather(*(_rank_group(run, config, tree, g, inputs[g.id]) for g in groups))
+    for g, note in zip(groups, results):
+        notes[g.id] = note
+        stats["rubric_invalid"] += int(g.rubric is None)
+        stats["scores"] += sum(1 for b in g.branches if b.score is not None)
+        stats["score_invalid"] += sum(1 for b in g.branches if b.score is None) if g.rubric is not None else 0
+    tree.misc["rubric_stats"] = stats
+    return stats
+
+
+async def _rank_group(run: Any, cfg: RubricConfig, tree: Tree, g: ForkGroup, inputs: dict) -> dict:
+    parent = tree.nodes[g.parent_id]
+    turn = parent.turns[g.fork_step] if g.fork_step < len(parent.turns) else None
+    # The reference shows the decoded completion (special tokens kept) here; the launch-time text is a fallback.
+    action = turn.completion_text if turn is not None and turn.completion_text else inputs["action"]
+    ctx = rubric_context(parent, inputs["messages"], action, g.branches[0].initial_state or {}, g.goal,
+                         env="textcraft", child_budget=int(inputs["budget"]),  # TextCraft tool names: reference quirk
+                         metadata={"fork_group_id": g.id, "parent_trajectory_id": parent.id,
+                                   "parent_depth": parent.depth, "child_depth": g.child_depth,
+                                   "fork_step": g.fork_step, "branch_index": 0})
+    call, rubric, err = await write_rubric(run, ctx, cfg.rubric_spec(), f"rubric:{g.id}", min_items=cfg.min_items,
+                                           depth=parent.depth)
+    g.rubric_turn, g.rubric, g.score_turns = call.turn, rubric, []
+    for b in g.branches:
+        b.score = None
+    if rubric is None:
+        g.skipped = True
+        return {"rubric_error": err}
+    spec: CallSpec = cfg.scoring_spec()
+    scored = await asyncio.gather(*(score_node(run, rubric, tree.nodes[b.trajectory_id], b.final_state or {},
+                                               spec, f"score:{g.id}#b{b.branch_index}") for b in g.branches))
+    errors = {}
+    for b, (scall, score, serr) in zip(g.branches, scored):
+        if scall.turn is not None:
+            scall.turn.index = b.branch_index
+            g.score_turns.append(scall.turn)
+        b.score = score.value if score is not None else None
+        if serr:
+            errors[str(b.branch_index)] = serr
+    return {"score_errors": errors}

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import types
 
-from sera_jax.agents.counterfactual import CounterfactualCollector, collector_text
+import jax
+
+from sera_jax.agents.counterfactual import CounterfactualCollector, collector_text, rank_fork_groups
 from sera_jax.agents.judge import ProgrammaticJudge
 from sera_jax.agents.records import dumps_tree, loads_tree
+from sera_jax.agents.rubric_calls import RubricConfig
 from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
@@ -103,6 +107,13 @@ def test_budget_branches_labels_commit_and_credit(tc_task, tok):
     assert '"branch_index": 0' in prompt and f'"fork_group_id": "{g.id}"' in prompt
     assert "launch_subagent({'o3_i1': 4})" in prompt and '"raw_o5": 9' in prompt
     assert loads_tree(dumps_tree(tree)) == tree
+    # The records alone suffice to rank the groups again (e.g. with another policy version's scorer).
+    again = loads_tree(dumps_tree(tree))
+    side = types.SimpleNamespace(tree=again, generator=ScriptedGenerator(tok, tc_script(WORSE)), tokenizer=tok,
+                                 root_key=jax.random.key(5), settings=RuntimeSettings.for_env("textcraft"))
+    asyncio.run(rank_fork_groups(again, side, RubricConfig()))
+    assert [b.score for b in again.fork_groups[0].branches] == [0.3, 0.5, 0.8, 0.1, 0.0, 0.7, 0.4, 0.2]
+    assert again.fork_groups[0].rubric == g.rubric and len(again.fork_groups[0].score_turns) == 8
     # Credit: the second group is homogeneous (all failed) → not ranked; the first is.
     ds = rubric_datums([tree])
     assert len(ds) == 1 and ds[0].group_id == g.id and ds[0].scalar == 0.0  # every success beats every failure
