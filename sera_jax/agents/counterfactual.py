@@ -7,8 +7,8 @@ later ones are plain children. Reservation happens without an ``await`` between 
 call order even among concurrent launches, and a second group may sit inside a branch of the first.
 
 A fork group: the observable state S0 is read, the world is forked 8 times, and branch b runs the delegated child
-``<child id>#b<b>`` to completion on its own isolated copy (all 8 concurrently, so their identical first prompts
-hit the engine's prefix cache). Branches are labelled by the judge (TextCraft: the programmatic check;
+``<child id>#b<b>`` to completion on its own isolated copy (all 8 concurrently, so their first prompts share cached prefix blocks in
+the engine: identical in TextCraft; in TextWorld up to the agent id in the system prompt). Branches are labelled by the judge (TextCraft: the programmatic check;
 TextWorld: a judge, see ``judge.py``). Branch 0 is committed — always branch 0, not the best — and the other worlds
 are dropped. The parent is told ``{msg}\\n\\nSelected branch: 0; counterfactual branches collected: {n}.\\n``
 (msg = branch 0's finish message, else its error, else ``Subagent branch 0 completed.``); a TextWorld parent also
