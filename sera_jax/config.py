@@ -51,6 +51,9 @@ class ModelSection:
     # Architecture preset (Qwen3Config.preset); null = read the architecture from hf_dir/config.json.
     preset: Optional[str] = "qwen3-4b-instruct-2507"
     hf_dir: Optional[str] = None        # Hugging Face checkpoint to start from (null = random init from train.seed)
+    # Tokenizer: a tokenizer.json / .model file or directory; null = hf_dir's; "builtin:textcraft" = the tiny
+    # sentencepiece model trained on TextCraft prompts and tasks (built once into the run directory).
+    tokenizer: Optional[str] = None
     dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None        # compute dtype; null = preset's
     param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None  # master weights; null = preset's
     remat: Optional[bool] = None

@@ -69,6 +69,10 @@ class DataStream:
         return cls(**d)
 
 
+class NoTrainableData(RuntimeError):
+    """Training cannot progress: too many consecutive steps were skipped for lack of trainable data."""
+
+
 @dataclasses.dataclass
 class StepOutcome:
     """What one attempt at policy version ``version`` produced."""
@@ -262,18 +266,28 @@ class Loop:
         self.publish(self.state.params)
         return True
 
-    async def run(self, total_steps: int, *, max_attempts: int | None = None,
+    async def run(self, total_steps: int, *, max_attempts: int | None = None, max_consecutive_skips: int = 20,
                   on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
-        """Trains until ``total_steps`` versions exist (or ``max_attempts`` attempts); saves at exit, always."""
+        """Trains until ``total_steps`` versions exist (or ``max_attempts`` attempts); saves at exit, always.
+
+        Raises ``NoTrainableData`` after ``max_consecutive_skips`` skipped attempts in a row: a policy that never
+        produces a trainable batch (e.g. a random initialisation that never succeeds) would otherwise loop forever.
+        """
         outcomes = []
-        attempts = 0
+        attempts = skips = 0
         try:
             while self.version < total_steps and (max_attempts is None or attempts < max_attempts):
                 outcome = await self.step()
                 attempts += 1
+                skips = skips + 1 if outcome.skipped else 0
                 outcomes.append(outcome)
                 if on_step is not None:
                     on_step(outcome)
+                if skips >= max_consecutive_skips:
+                    raise NoTrainableData(
+                        f"{skips} attempts in a row at version {self.version} ({outcome.stage}) produced no "
+                        f"trainable batch (last: {outcome.reason}); start from a policy that can succeed "
+                        "sometimes (a pretrained or warm-started checkpoint) or check the task set")
         finally:
             self.save(force=True)
             if self.checkpointer is not None:

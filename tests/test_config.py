@@ -87,11 +87,11 @@ def test_command_line_words_split_into_files_and_overrides():
 def test_overrides_are_coerced_to_the_field_type():
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml",
                       ["optim.lr=3e-6", "train.total_steps=7", "train.deterministic_scheduling=false",
-                       "batch.buckets=256,1024", "judge.endpoint=null", "mesh.fsdp=4", "env.difficulties=[easy]",
+                       "batch.buckets=256,2048", "judge.endpoint=null", "mesh.fsdp=4", "env.difficulties=[easy]",
                        "method.stage_schedule=execution:3,rubric_generation:1", "name=x=y"])
     assert cfg.optim.lr == 3e-6 and isinstance(cfg.optim.lr, float)
     assert cfg.train.total_steps == 7 and cfg.train.deterministic_scheduling is False
-    assert cfg.batch.buckets == (256, 1024) and cfg.mesh.fsdp == 4 and cfg.env.difficulties == ("easy",)
+    assert cfg.batch.buckets == (256, 2048) and cfg.mesh.fsdp == 4 and cfg.env.difficulties == ("easy",)
     assert cfg.method_config().stage_schedule == "execution:3,rubric_generation:1" and cfg.name == "x=y"
     assert cfg.config_hash() != load_config(ROOT / "configs" / "tiny_cpu.yaml").config_hash()
 
@@ -111,7 +111,7 @@ def test_overrides_are_coerced_to_the_field_type():
     ("optim.b2=1.5", "optim.b1 / optim.b2 must lie in [0, 1)"),
     ("batch.buckets=256,x", "batch.buckets[1]: expected int, got 'x'"),
     ("batch.buckets=512,256,1024", "batch.buckets: must be strictly increasing"),
-    ("rollout.max_prompt_tokens=1000", "rollout.context_tokens: 1024 < max_prompt_tokens 1000"),
+    ("rollout.max_prompt_tokens=2000", "rollout.context_tokens: 2048 < max_prompt_tokens 2000"),
     ("rollout.trees_per_task=0", "rollout.trees_per_task: must be positive"),
     ("eval.best_of_n=2", "eval.best_of_n: test-time selection exists only for textworld_sync"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),

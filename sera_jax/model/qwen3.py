@@ -266,8 +266,13 @@ def hidden_states(params: Params, cfg: Qwen3Config, tokens_BT, positions_BT=None
     if positions_BT is None:
         positions_BT = default_positions(tokens_BT, segment_ids_BT)
     aux = {"segment_ids": segment_ids_BT}
-    attention_fn = dense_attention if attention_impl is None else functools.partial(
-        dense_attention, implementation=attention_impl)
+    if attention_impl in (None, "pallas", "reference", "cudnn"):
+        # GPU: the Pallas flash kernel (segment ids, causal, GQA, fused backward); elsewhere dense_attention.
+        from sera_jax.kernels.select import select_training_attention  # lazy: the kernels import Pallas
+
+        attention_fn = select_training_attention(dense_attention, attention_impl)
+    else:  # "xla": jax.nn.dot_product_attention's own choice
+        attention_fn = functools.partial(dense_attention, implementation=attention_impl)
     hidden, unembed, _ = Qwen3(cfg, attention_fn).apply({"params": params}, tokens_BT, positions_BT, None, aux,
                                           method=Qwen3.trunk_and_unembed)
     return hidden, unembed

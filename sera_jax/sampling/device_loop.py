@@ -21,7 +21,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from sera_jax.model.config import Qwen3Config
 from sera_jax.model.qwen3 import Qwen3
-from sera_jax.sampling.attention import paged_attention
+from sera_jax.sampling.attention import select_impl
 from sera_jax.sampling.paged_cache import Pool, write_kv, write_slots
 from sera_jax.sampling.sample import sample_tokens
 
@@ -40,7 +40,8 @@ def init_state(rows: int) -> RowState:
 def _paged_attention_fn(q, k, v, layer, aux):
     # The per-layer "cache" scanned in is just the layer index; the new k/v go out as the scan's per-layer output
     # and are written into the pool once, after the trunk (see write_kv).
-    out = paged_attention(q, k, v, aux["k_pool"], aux["v_pool"], layer, aux["table"], aux["ctx_len"])
+    # The Pallas kernel on GPU, the pure-JAX reference elsewhere ($SERA_ATTENTION_IMPL overrides).
+    out = select_impl()(q, k, v, aux["k_pool"], aux["v_pool"], layer, aux["table"], aux["ctx_len"])
     return out, {"k": k, "v": v}
 
 

@@ -1,0 +1,186 @@
+"""Builds a training run from a ``RunConfig``: mesh, model, tokenizer, optimizer state, engine, env workers, judge,
+launchers per stage, checkpoints and metrics — everything ``train.Loop`` needs — and runs it.
+
+``sera-train`` (``sera_jax.cli``) is a thin wrapper over ``train_from_config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import jax
+
+from sera_jax.agents.launchers import make_launcher_factory, usable_trees
+from sera_jax.agents.runtime import run_trees, start_pool
+from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.checkpoint import Checkpointer, sha256_file
+from sera_jax.config import RunConfig, check_mesh
+from sera_jax.metrics import MetricsWriter
+from sera_jax.model import init_params, load_pretrained
+from sera_jax.parallel.mesh import MeshConfig, initialize_distributed, make_mesh
+from sera_jax.rl.optim import make_optimizer
+from sera_jax.sampling import Engine, EngineConfig
+from sera_jax.tiny_tokenizer import resolve_tokenizer
+from sera_jax.train import DataStream, Loop, StepOutcome, make_meta
+from sera_jax.trainer import make_train_step, shard_train_state
+
+ENV_RUNTIME_NAMES = {"textcraft": "textcraft", "textworld_sync": "textworld_sync"}
+CREDIT_ENV = {"textcraft": "textcraft", "textworld_sync": "textworld"}
+
+
+def load_env_tasks(cfg: RunConfig) -> tuple[list[Any], list[str]]:
+    """Returns (tasks filtered by ``env.difficulties``, the data files they came from)."""
+    if cfg.env.name == "textcraft":
+        from envs_py.textcraft import load_tasks
+
+        tasks = load_tasks(cfg.env.task_set)
+        files = [cfg.env.task_set] if Path(cfg.env.task_set).is_file() else []
+    else:
+        from envs_py.textworld_sync import generate_tasks, load_tasks
+
+        path = Path(cfg.env.task_set)
+        if path.is_file():
+            tasks, files = load_tasks(path), [str(path)]
+        elif cfg.env.task_set == "sample":
+            tasks, files = load_tasks("sample"), []
+        else:
+            tasks, files = generate_tasks(cfg.env.task_set), []
+    if cfg.env.difficulties:
+        tasks = [t for t in tasks if t.difficulty in cfg.env.difficulties]
+    if not tasks:
+        raise ValueError(f"env.task_set {cfg.env.task_set!r} with difficulties {cfg.env.difficulties} has no task")
+    return tasks, files
+
+
+def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
+    """Returns the agent runtime settings of the run (training sampling, caps, budgets, determinism)."""
+    r = cfg.rollout
+    return RuntimeSettings.for_env(
+        cfg.env.name, max_steps=cfg.env.max_steps, max_depth=cfg.env.max_depth, max_prompt_tokens=r.max_prompt_tokens,
+        max_context=r.context_tokens, max_new_tokens=r.max_completion_tokens, temperature=r.temperature,
+        top_p=r.top_p, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed)
+
+
+def engine_config(cfg: RunConfig, model_dtype: str) -> EngineConfig:
+    """Returns the engine sizes for the run: enough rows for every in-flight agent of the groups in flight."""
+    r = cfg.rollout
+    rows = 1 << max(3, (r.groups_in_flight * r.trees_per_task * 2 - 1).bit_length())
+    rows = min(rows, 256)
+    block = 16
+    blocks_per_seq = -(-r.context_tokens // block)
+    # The pool holds what fits in a share of device memory (paged: rows share it; a request waits when it is full).
+    m = cfg.model_config()
+    bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
+    budget = kv_cache_budget_bytes()
+    num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
+    return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks),
+                        max_context=r.context_tokens, max_prefill_len=min(2048, r.context_tokens),
+                        dtype=model_dtype)
+
+
+def kv_cache_budget_bytes(fraction: float = 0.35) -> int:
+    """Returns the bytes the KV pool may take: a fraction of the first local device's memory limit (GPU), or
+    2 GiB where the backend reports none (CPU)."""
+    try:
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return int(limit * fraction) if limit else 2 << 30
+
+
+@contextlib.asynccontextmanager
+async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> AsyncIterator[Loop]:
+    """Yields a ready ``Loop`` for ``cfg`` (resumed from the newest checkpoint in the run directory, if any) and
+    closes its engine, env workers, checkpointer and metrics on exit."""
+    initialize_distributed()
+    out_dir = Path(out_dir or cfg.train.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check_mesh(cfg, jax.device_count())
+    mesh = make_mesh(cfg.mesh)
+    model_cfg = cfg.model_config()
+    tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, out_dir)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
+                         f"vocab_size {model_cfg.vocab_size}")
+    key = jax.random.key(cfg.train.seed)
+    if cfg.model.hf_dir is not None:
+        _, params = load_pretrained(cfg.model.hf_dir, mesh=mesh, param_dtype=model_cfg.param_dtype,
+                                    dtype=model_cfg.dtype)
+    else:
+        params = init_params(jax.random.fold_in(key, 0), model_cfg)
+    tx = make_optimizer(cfg.optim)
+    state = shard_train_state(params, tx, model_cfg, mesh)
+    del params
+    step_fn = make_train_step(model_cfg, tx, cfg.step, mesh=mesh, state=state)
+    sampler_dtype = "bfloat16" if jax.default_backend() == "gpu" else model_cfg.dtype
+    engine = Engine(model_cfg, state.params, engine_config(cfg, sampler_dtype), tokenizer=tokenizer,
+                    mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]), seed=cfg.train.seed)
+    tasks, files = load_env_tasks(cfg)
+    method = cfg.method_config()
+    env = cfg.env.name
+    settings = runtime_settings(cfg)
+    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
+    judge = None
+    if env != "textcraft" and method.uses("rubric_generation"):
+        from sera_jax.agents.judge import make_judge
+
+        j = cfg.judge
+        judge = make_judge(env, {"kind": "chat", "base_url": j.endpoint, "model": j.model} if j.kind == "openai"
+                           else {"kind": "policy_frozen"}, generator=engine, tokenizer=tokenizer)
+
+    async def run_group(task, stage: str, version: int):
+        factory = make_launcher_factory(stage, method, env, judge=judge)
+        trees = await run_trees([task], ENV_RUNTIME_NAMES[env], engine, tokenizer,
+                                dataclasses.replace(settings, policy_version=version),
+                                rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,
+                                max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
+                                textworld_rules=cfg.env.rules)
+        trees = await factory.finalize(trees)
+        return usable_trees(trees)
+
+    checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
+                                keep=cfg.train.keep_checkpoints)
+    metrics = MetricsWriter(out_dir)
+    data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
+    loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
+                method=method, stream=DataStream(len(tasks), seed=cfg.train.seed), env=CREDIT_ENV[env],
+                decode=tokenizer.decode, mesh=mesh, tasks_per_step=cfg.rollout.tasks_per_step,
+                groups_in_flight=cfg.rollout.groups_in_flight, token_budget=cfg.batch.token_budget,
+                buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
+                filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
+                metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
+                                                data_files=data_files))
+    loop.tokenizer = tokenizer  # for callers that render trees or evaluate
+    loop.engine = engine
+    loop.restore_latest()
+    try:
+        yield loop
+    finally:
+        engine.close()
+        if pool is not None:
+            await pool.close()
+        checkpointer.close()
+        metrics.close()
+
+
+async def train_from_config(cfg: RunConfig, *, out_dir: str | Path | None = None, max_attempts: int | None = None,
+                            on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
+    """Trains ``cfg`` to ``train.total_steps`` versions (resuming if the run directory has checkpoints); returns
+    the outcome of every attempt."""
+    async with build_loop(cfg, out_dir=out_dir) as loop:
+        return await loop.run(cfg.train.total_steps, max_attempts=max_attempts, on_step=on_step)
+
+
+def config_file_hashes(paths: list[str]) -> dict[str, str]:
+    """Returns sha256 of the given config files (recorded with the run)."""
+    return {p: sha256_file(p) for p in paths if Path(p).is_file()}
+
+
+def run(cfg: RunConfig, **kw: Any) -> list[StepOutcome]:
+    """Synchronous wrapper of ``train_from_config``."""
+    return asyncio.run(train_from_config(cfg, **kw))
