@@ -6,7 +6,7 @@ How train.py / evaluate.py call it (one event loop per host process)::
     pool = await start_pool(workers=8)                      # env worker processes on this host
     trees = await run_trees(tasks, "textcraft", engine, tokenizer, settings, rollouts_per_task=8, pool=pool,
                             max_concurrent=64, pinning=Pinning(num_hosts, host_index),
-                            launcher_factory=lambda task, r: DefaultLauncher())   # issue 7: rubric / branches
+                            launcher_factory=make_launcher_factory(stage, method, env))  # agents.launchers
     write_jsonl(trees, path)                                # records.py; credit assignment reads these
     await pool.close()
 
