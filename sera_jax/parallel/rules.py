@@ -20,11 +20,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 Rules = Sequence[tuple[str, Any]]
 
-TRAIN_RULES: Rules = (
-    ("batch", ("data", "fsdp")),
+# Tensor parallelism is the same in both layouts: heads, kv heads, the MLP and the vocabulary over ``tensor``.
+_TENSOR_PARALLEL: Rules = (
     ("length", None),
     ("vocab", "tensor"),
-    ("embed", "fsdp"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
@@ -37,22 +36,12 @@ TRAIN_RULES: Rules = (
     ("act_mlp", "tensor"),
 )
 
-SAMPLE_RULES: Rules = (
-    ("batch", "data"),
-    ("length", None),
-    ("vocab", "tensor"),
-    ("embed", None),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("layers", None),
-    ("norm", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_kv_heads", "tensor"),
-    ("act_mlp", "tensor"),
-    # The paged KV pool: blocks are replicated per data group, kv heads split over tensor.
+# Training: batch over data × fsdp, every parameter's embed axis over fsdp (ZeRO-3 style).
+TRAIN_RULES: Rules = (("batch", ("data", "fsdp")), ("embed", "fsdp")) + _TENSOR_PARALLEL
+
+# Sampling: a replica per data group (embed unsharded); the paged KV pool's blocks are replicated per data group and
+# its kv heads split over tensor.
+SAMPLE_RULES: Rules = (("batch", "data"), ("embed", None)) + _TENSOR_PARALLEL + (
     ("cache_blocks", None),
     ("cache_kv_heads", "tensor"),
 )
