@@ -96,3 +96,54 @@ def train_main(argv: list[str] | None = None) -> int:
         return 0
     asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=show))
     return 0
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    """``sera-eval [CONFIG.yaml ...] [a.b=c ...] [--checkpoint DIR | --hf DIR] [--tasks N] [--runs R] [--out DIR]``:
+    the paper's evaluation protocol; prints the Markdown table and a ``RESULT`` line; returns the exit code."""
+    p = argparse.ArgumentParser(prog="sera-eval", description=(
+        "Evaluate a policy the way the paper does: one greedy tree per task of eval.task_set, eval caps and step "
+        "limit, a failed rollout retried eval.retries times then counted as a failure, success per difficulty and "
+        "overall (task-weighted), mean ± sample std over runs, optional test-time selection (eval.best_of_n). "
+        "Writes report.json, report.md and trees.jsonl. Default config: the tiny CPU one."))
+    p.add_argument("args", nargs="*", help="config files and a.b=c overrides")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--checkpoint", default=None, help="run directory or its checkpoints/ (latest version)")
+    src.add_argument("--hf", default=None, help="Hugging Face directory (config.json, safetensors, tokenizer)")
+    p.add_argument("--version", type=int, default=None, help="checkpoint version (default: latest)")
+    p.add_argument("--tasks", type=int, default=None, help="evaluate N tasks, round-robin over difficulties")
+    p.add_argument("--runs", type=int, default=None, help="number of runs (default: eval.num_runs)")
+    p.add_argument("--out", default=None, help="output directory (default: <train.out_dir>/eval)")
+    args = p.parse_args(argv)
+    import asyncio
+    from pathlib import Path
+
+    from sera_jax.config import ConfigError, load_config, split_cli
+
+    paths, overrides = split_cli(args.args)
+    try:
+        cfg = load_config(paths or [_default_config_path()], overrides, check_paths=True)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if (args.tasks is not None and args.tasks <= 0) or (args.runs is not None and args.runs <= 0):
+        print("--tasks and --runs must be positive", file=sys.stderr)
+        return 2
+    from sera_jax.eval_run import evaluate
+
+    out = args.out or str(Path(cfg.train.out_dir) / "eval")
+
+    def show(r: int, table: dict) -> None:
+        print(json.dumps({"run": r, **{k: round(v["rate"], 4) for k, v in table.items()}}), flush=True)
+
+    if args.version is not None and args.checkpoint is None:
+        print("--version needs --checkpoint", file=sys.stderr)
+        return 2
+    rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf, num_tasks=args.tasks,
+                               num_runs=args.runs, on_run=show, version=args.version))
+    print(rep["markdown"])
+    m, s = rep["mean_std"]["overall"]
+    errored = sum(t["overall"]["errored"] for t in rep["runs"])
+    print(f"RESULT env={rep['env']} tasks={rep['num_tasks']} runs={rep['num_runs']} success_mean={m:.4f} "
+          f"success_std={s:.4f} errored={errored} out={out}")
+    return 0

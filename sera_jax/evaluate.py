@@ -77,3 +77,60 @@ def markdown_table(runs: Sequence[Mapping[str, Mapping[str, float]]]) -> str:
         cells.append(f"{m:.2f} ± {s:.2f}" if len(runs) > 1 else f"{m:.2f}")
     return "\n".join([head, sep, f"| success % ({len(runs)} run{'s' if len(runs) > 1 else ''}) | "
                       + " | ".join(cells) + " |"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading trees, picking tasks, the report
+
+DIFFICULTY_ORDER = ("easy", "medium", "hard", "extreme")
+
+
+def tree_error(tree) -> str | None:
+    """Returns why a tree record counts as a failed rollout (the tree or its root agent ended with an error), or
+    None. A sub-agent's crash is not a rollout error: its parent was told and carried on."""
+    if tree.misc.get("error"):
+        return str(tree.misc["error"])
+    root = tree.nodes.get(tree.root_id)
+    if root is None:
+        return "no root node"
+    if root.rollout_error_zero_reward:
+        return (root.error_message or root.misc.get("label_error") or "root agent error").split("\n", 1)[0]
+    return None
+
+
+def tree_success(tree) -> bool:
+    """Returns whether the root agent succeeded (programmatic label ≥ 1.0, spec §9) in a tree without error."""
+    root = tree.nodes.get(tree.root_id)
+    return (tree_error(tree) is None and root is not None
+            and float(root.env_labels.get("success", 0.0) or 0.0) >= 1.0)
+
+
+def pick_tasks(tasks: Sequence, n: int | None) -> list:
+    """Returns the first ``n`` tasks taken round-robin over difficulties (in DIFFICULTY_ORDER, each difficulty in
+    file order), so a small sample still covers every difficulty; all tasks (file order) when ``n`` is None."""
+    tasks = list(tasks)
+    if n is None or n >= len(tasks):
+        return tasks
+    by: dict[str, list] = {}
+    for t in tasks:
+        by.setdefault(str(t.difficulty), []).append(t)
+    order = [d for d in DIFFICULTY_ORDER if d in by] + sorted(d for d in by if d not in DIFFICULTY_ORDER)
+    out: list = []
+    depth = 0
+    while len(out) < n:
+        for d in order:
+            if depth < len(by[d]) and len(out) < n:
+                out.append(by[d][depth])
+        depth += 1
+    return out
+
+
+def report(runs: Sequence[Mapping[str, Mapping[str, float]]], **meta) -> dict:
+    """Returns the evaluation report: ``meta`` plus ``runs`` (one summarise() table per run), ``mean_std``
+    ({bucket: [mean, sample std] of the rate over runs}) and ``markdown`` (markdown_table of the runs)."""
+    if not runs:
+        raise ValueError("report of no runs")
+    stats = {b: list(mean_std([r[b]["rate"] for r in runs])) for b in runs[0]}
+    return {**meta, "num_runs": len(runs), "runs": [dict(r) for r in runs], "mean_std": stats,
+            "overall_rate_mean": stats["overall"][0], "overall_rate_std": stats["overall"][1],
+            "markdown": markdown_table(runs)}

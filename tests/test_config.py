@@ -113,7 +113,7 @@ def test_overrides_are_coerced_to_the_field_type():
     ("batch.buckets=512,256,1024", "batch.buckets: must be strictly increasing"),
     ("rollout.max_prompt_tokens=2000", "rollout.context_tokens: 2048 < max_prompt_tokens 2000"),
     ("rollout.trees_per_task=0", "rollout.trees_per_task: must be positive"),
-    ("eval.best_of_n=2", "eval.best_of_n: test-time selection exists only for textworld_sync"),
+    ("eval.best_of_n=0", "eval.best_of_n: must be positive, got 0"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),
     ("mesh.fsdp=3", "mesh.fsdp: size 3 does not divide model dimensions"),
     ("mesh.tensor=3", "mesh.tensor: size 3 does not divide model dimensions"),
