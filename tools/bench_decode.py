@@ -96,7 +96,7 @@ def main() -> None:
                       chunk_steps=32, max_prefill_len=shared_len, max_prefill_batch=8,
                       max_prefill_tokens=4 * shared_len, dtype="float32", batch_buckets=batches,
                       prefill_batch_buckets=(1, 8), prefill_len_buckets=(16, 64, shared_len),
-                      width_buckets=(8, 32))
+                      width_buckets=(4, 8, 16, 32))
     engine = Engine(cfg, params, ec)
     t0 = time.perf_counter()
     n = engine.warmup()

@@ -46,10 +46,11 @@ def make_pool(cfg: Qwen3Config, num_blocks: int, block_size: int, dtype, mesh: M
 
 def write_slots(block_table_BW: Int[Array, "B W"], positions_BT: Int[Array, "B T"], valid_BT, block_size: int):
     """Returns the flat pool slot (block * block_size + offset) of each token; invalid tokens go to the trash block."""
-    blk = jnp.take_along_axis(block_table_BW, jnp.clip(positions_BT // block_size, 0, block_table_BW.shape[1] - 1),
-                              axis=1)
+    col = positions_BT // block_size
+    blk = jnp.take_along_axis(block_table_BW, jnp.clip(col, 0, block_table_BW.shape[1] - 1), axis=1)
     slot = blk * block_size + positions_BT % block_size
-    return jnp.where(valid_BT, slot, TRASH_BLOCK * block_size)
+    # A position past the table (never planned by the scheduler) must not land in some other block: trash it.
+    return jnp.where(valid_BT & (col < block_table_BW.shape[1]), slot, TRASH_BLOCK * block_size)
 
 
 def write_kv(pool: Pool, new_k_LBTKE: Float[Array, "L B T K E"], new_v_LBTKE: Float[Array, "L B T K E"],

@@ -110,14 +110,15 @@ def make_request(rid: int, prompt_ids: Sequence[int], params: SamplingParams, ke
 def find_stop_string(decode, tokens: Sequence[int], stops: Sequence[str], checked: int) -> int | None:
     """Returns the smallest n such that decode(tokens[:n]) contains a stop string, or None.
 
-    Only completions ending after ``checked`` tokens are searched (earlier ones were already searched).
+    ``tokens[:checked]`` were searched before, so only matches ending after them are looked for. A match of an
+    m-character string covers at most m tokens (every token of it contributes a character), so decoding the tail
+    from ``checked - m`` suffices: the cost per chunk does not grow with the length of the turn.
     """
-    text = decode(tokens)
-    if not any(s in text for s in stops):
+    start = max(0, checked - max(len(s) for s in stops))
+    tail = tokens[start:]
+    if not any(s in decode(tail) for s in stops):
         return None
-    lo = max(1, checked)
-    for n in range(lo, len(tokens) + 1):
-        prefix = decode(tokens[:n])
-        if any(s in prefix for s in stops):
+    for n in range(max(start + 1, checked), len(tokens) + 1):
+        if any(s in decode(tokens[start:n]) for s in stops):
             return n
     return len(tokens)
