@@ -232,3 +232,48 @@ def test_browser_csp_blocks_markup_that_escaped_escaping(report, tmp_path):
     dom = dump_dom(broken, "", tmp_path)
     assert re.search(r"<title>viewer test</title>", dom)
     assert re.search(r'<span id="count">2 trees, 6 nodes</span>', dom)  # our script still ran
+
+
+def test_browser_interaction_click_expands_and_typed_search_finds_rubric(report, tmp_path):
+    """Real input through the DevTools protocol: a mouse click opens a node, typing in the search box finds a
+    rubric item (highlighted, visible), and the hostile text never ran."""
+    from tests.chromium_cdp import Browser
+
+    binary = chromium_binary()
+    if binary is None:
+        print("SKIP reason: no chromium binary on PATH (apt-get install -y chromium)")
+        pytest.skip("no chromium binary on PATH (apt-get install -y chromium)")
+    _, out, _ = report
+    b = Browser(binary, tmp_path)
+    try:
+        b.navigate(out.resolve().as_uri())
+        node = "document.querySelector('details.node[data-node=\"root\"][data-tree=\"0\"]')"
+        child = f"document.querySelector('details.node[data-node=\"{C1}\"][data-tree=\"0\"]')"
+        assert b.evaluate("document.title") == "viewer test"
+        assert b.evaluate(f"{node}.open") is False
+        b.click("document.querySelector('#t0 > summary')")  # open the tree
+        b.click(f"{node}.querySelector(':scope > summary')")  # open the root node
+        assert b.evaluate(f"{node}.open") is True and b.evaluate(f"{child}.open") is False
+        assert b.evaluate(f"{node}.querySelector(':scope > .body').getBoundingClientRect().height") > 0
+        b.click(f"{node}.querySelector(':scope > summary')")  # and close it again
+        assert b.evaluate(f"{node}.open") is False
+
+        b.click("document.getElementById('q')")
+        b.type_text(RUBRIC_TERM)
+        b.wait_for("document.querySelectorAll('mark').length > 0", timeout=10)
+        assert b.evaluate("document.getElementById('count').textContent") == "2 matching items, 2 matches"
+        assert b.evaluate(f"{child}.classList.contains('hit')") is True
+        assert b.evaluate(f"{node}.classList.contains('miss')") is True
+        mark = "document.querySelector('mark')"
+        assert b.evaluate(f"{mark}.textContent") == RUBRIC_TERM
+        assert b.evaluate(f"{mark}.closest('.rubric') !== null && {mark}.closest('details.node') === {child}")
+        assert b.evaluate(f"{mark}.getBoundingClientRect().height") > 0  # visible: every ancestor is open
+        # Clearing the search removes marks and classes.
+        b.evaluate("(function(){var q=document.getElementById('q'); q.value=''; "
+                   "q.dispatchEvent(new Event('input'));})()")
+        b.wait_for("document.querySelectorAll('mark').length === 0", timeout=10)
+        assert b.evaluate("document.querySelectorAll('.hit,.miss,.hidden').length") == 0
+        assert b.evaluate("document.title") == "viewer test"
+        assert b.evaluate("document.querySelectorAll('img').length") == 0
+    finally:
+        b.close()
