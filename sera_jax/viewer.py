@@ -214,7 +214,8 @@ details.tree{margin-left:0;border-left:3px solid #789;background:#fff}
 summary{cursor:pointer}
 .node>summary .nid{font-weight:600}
 .goal{color:#555}
-pre{white-space:pre-wrap;word-break:break-word;background:#f3f3f3;margin:2px 0;padding:4px;max-height:30em;overflow:auto}
+pre{white-space:pre-wrap;word-break:break-word;background:#f3f3f3;margin:2px 0;padding:4px;max-height:30em;
+ overflow:auto}
 .k{color:#666;font-size:12px}.kvs{display:flex;flex-wrap:wrap;gap:12px}
 .err pre,.turn.error>summary{color:#a00}
 table{border-collapse:collapse;margin:3px 0}td,th{border:1px solid #ccc;padding:2px 5px;vertical-align:top}

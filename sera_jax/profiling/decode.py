@@ -55,8 +55,9 @@ def profile_decode(shape: DecodeShape, *, chunks: int, trace_dir=None, tiny: boo
                    peak_tflops: float | None = None, seed: int = 0) -> dict[str, Any]:
     """Runs the decode profile above on one device (the engine's default placement; the full run is traced into
     ``trace_dir`` when given). Returns a dict: ``compile_s`` (warm-up compilation), ``prefill_s``, ``decode_s``,
-    ``chunks`` (per row), ``chunks_dispatched`` (decode calls, ≥ chunks: rows prefilled in
-    several calls join late, and a chunk may be in flight when the last row finishes), ``chunk_s`` (decode_s / chunks), ``tokens`` (decoded), ``tok_s``, ``flops``, ``mfu``,
+    ``chunks`` (per row), ``chunks_dispatched`` (decode calls, ≥ chunks: rows prefilled in several calls join
+    late, and a chunk may be in flight when the last row finishes), ``chunk_s`` (decode_s / chunks), ``tokens``
+    (decoded), ``tok_s``, ``flops``, ``mfu``,
     ``roofline`` (fraction of the HBM bound; None off GPU), ``peak_mem_bytes``, ``new_compiles`` (must be 0)."""
     import jax
     import numpy as np
@@ -116,7 +117,8 @@ def profile_decode(shape: DecodeShape, *, chunks: int, trace_dir=None, tiny: boo
         "preset": shape.preset, "params": cfg.num_params(), "dtype": shape.dtype, "batch": shape.batch,
         "prompt_len": shape.prompt_len, "chunk_steps": shape.chunk_steps, "new_tokens": new,
         "init_s": init_s, "compile_s": compile_s, "prefill_s": prefill_s, "total_s": all_s, "decode_s": decode_s,
-        "chunks": chunks, "chunks_dispatched": n_chunks, "chunk_s": decode_s / chunks, "step_s": step_s, "tokens": decoded,
+        "chunks": chunks, "chunks_dispatched": n_chunks, "chunk_s": decode_s / chunks, "step_s": step_s,
+        "tokens": decoded,
         "tok_s": decoded / decode_s, "flops": flops, "peak_flops": peak,
         "mfu": flops / decode_s / peak if peak else None, "step_bytes": step_bytes,
         "roofline": (step_bytes / bw) / step_s if bw else None,
