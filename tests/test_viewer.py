@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -146,6 +147,9 @@ def test_no_trees_renders_a_page():
 
 
 def chromium_binary() -> str | None:
+    """Returns $CHROME_BIN when set, else the first chromium/chrome on PATH, else None."""
+    if os.environ.get("CHROME_BIN"):
+        return shutil.which(os.environ["CHROME_BIN"])
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
         path = shutil.which(name)
         if path:
