@@ -124,9 +124,10 @@ def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
     prefill = min(2048, e.context_tokens)
     extra: dict[str, Any] = {}
     if jax.default_backend() == "cpu":
-        extra = dict(batch_buckets=(rows,), prefill_batch_buckets=(4,), prefill_len_buckets=(min(512, prefill),
-                                                                                              prefill),
-                     width_buckets=(min(32, blocks_per_seq), blocks_per_seq), max_prefill_batch=4)
+        # Few shapes: compiling dominates on CPU; the reference attention makes a padded prefill row costly, so
+        # prefill takes 2 rows and a short bucket for the continuation of a cached history.
+        extra = dict(batch_buckets=(rows,), prefill_batch_buckets=(2,), max_prefill_batch=2,
+                     prefill_len_buckets=tuple(sorted({min(512, prefill), prefill})), width_buckets=(blocks_per_seq,))
     return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks), max_context=e.context_tokens,
                         max_prefill_len=prefill, max_prefill_tokens=max(8192, 4 * prefill), dtype=dtype, **extra)
 
