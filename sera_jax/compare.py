@@ -143,7 +143,7 @@ def compare(*, checkpoint: str | Path | None = None, hf_dir: str | Path | None =
         save_pretrained(cfg, params, Path(tmp) / "model", dtype="float32")
         torch.manual_seed(seed)
         model = transformers.Qwen3ForCausalLM.from_pretrained(
-            Path(tmp) / "model", torch_dtype=torch.float32, attn_implementation="eager").eval()
+            Path(tmp) / "model", dtype=torch.float32, attn_implementation="eager").eval()
 
         # Logits and the trainer's token logprobs.
         ids_t = torch.as_tensor(tokens, dtype=torch.long)

@@ -160,3 +160,43 @@ def test_a_crashing_tree_is_retried_once_then_counted_as_a_failure(tmp_path):
 def test_best_of_n_is_accepted_for_textcraft():
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["eval.best_of_n=2"])
     assert cfg.env.name == "textcraft" and cfg.eval.best_of_n == 2
+
+
+def test_policy_from_a_run_checkpoint_a_hf_directory_or_the_tiny_default(tmp_path):
+    import jax
+    import numpy as np
+
+    from sera_jax.checkpoint import Checkpointer
+    from sera_jax.eval_run import load_policy
+    from sera_jax.export import copy_tokenizer, model_config_record
+    from sera_jax.model import Qwen3Config, init_params, save_pretrained
+    from sera_jax.rl.optim import OptimConfig, make_optimizer
+    from sera_jax.trainer import init_train_state
+
+    tok_dir = build_qwen_like_tokenizer(tmp_path / "tok")
+    model_cfg = Qwen3Config.preset("tiny", vocab_size=640, tie_word_embeddings=False)
+    params = init_params(jax.random.key(7), model_cfg)
+    ck = Checkpointer(tmp_path / "run" / "checkpoints", every=1)
+    ck.save(5, init_train_state(params, make_optimizer(OptimConfig())),
+            {"model_config": model_config_record(model_cfg), "tokenizer_path": str(tok_dir)})
+    ck.close()
+    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml")
+
+    def same(a, b):
+        return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+    # a run directory (its checkpoints/ found): the metadata's model config and tokenizer, the newest version
+    pol = load_policy(cfg, checkpoint=tmp_path / "run", work_dir=tmp_path)
+    assert pol.model_cfg == model_cfg and same(pol.params, params) and "version 5" in pol.source
+    assert pol.tokenizer_path == str(tok_dir) and pol.tokenizer.vocab_size == 601
+    # a HF directory with its tokenizer files
+    save_pretrained(model_cfg, params, tmp_path / "hf")
+    copy_tokenizer(tok_dir, tmp_path / "hf")
+    pol = load_policy(cfg, hf_dir=tmp_path / "hf", work_dir=tmp_path)
+    assert pol.model_cfg.vocab_size == 640 and same(pol.params, params) and pol.source.startswith("hf ")
+    # the tiny default: random init from train.seed and the builtin tokenizer built into the work directory
+    pol = load_policy(cfg, work_dir=tmp_path / "w")
+    assert pol.model_cfg == cfg.model_config() and (tmp_path / "w" / "tokenizer.model").is_file()
+    assert pol.tokenizer.vocab_size <= pol.model_cfg.vocab_size
+    with pytest.raises(FileNotFoundError):
+        load_policy(cfg, checkpoint=tmp_path / "nothing")
