@@ -200,3 +200,24 @@ def test_policy_from_a_run_checkpoint_a_hf_directory_or_the_tiny_default(tmp_pat
     assert pol.tokenizer.vocab_size <= pol.model_cfg.vocab_size
     with pytest.raises(FileNotFoundError):
         load_policy(cfg, checkpoint=tmp_path / "nothing")
+
+
+def test_test_time_selection_runs_candidates_at_each_delegation(tmp_path):
+    tok = load_tokenizer(build_qwen_like_tokenizer(tmp_path / "tok"))
+    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml",
+                      ["env.name=textworld_sync", "eval.task_set=sample", "judge.kind=policy_frozen",
+                       "eval.max_steps=3", "eval.best_of_n=2", "eval.fork_budget=4"])
+
+    def script(info, _prompt):
+        if info.node_id == "root" and info.turn < 2:  # two delegations: 2 + 2 forks fit the budget of 4
+            return '<delegate>{"goal": "look around the kitchen"}</delegate>'
+        return "<finish>done</finish>" if "#c" in info.node_id else "thinking"
+
+    rep = asyncio.run(evaluate(cfg, out_dir=tmp_path / "out", num_tasks=1, generator=ScriptedGenerator(tok, script),
+                               tokenizer=tok))
+    assert rep["best_of_n"] == 2 and rep["runs"][0]["overall"]["errored"] == 0
+    (tree,) = read_jsonl(tmp_path / "out" / "trees.jsonl")
+    kinds = [d.kind for d in tree.delegations]
+    assert kinds == ["best_of_n", "best_of_n"]
+    # each delegation ran N = 2 candidate children on forked worlds
+    assert sum(1 for n in tree.nodes if "#c" in n) == 4
