@@ -122,7 +122,9 @@ def eval_main(argv: list[str] | None = None) -> int:
 
     paths, overrides = split_cli(args.args)
     try:
-        cfg = load_config(paths or [_default_config_path()], overrides, check_paths=True)
+        # The policy given on the command line replaces the config's model: its model.hf_dir need not exist.
+        cfg = load_config(paths or [_default_config_path()], overrides,
+                          check_paths=args.checkpoint is None and args.hf is None)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

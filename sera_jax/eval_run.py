@@ -133,11 +133,12 @@ def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
 
 
 def load_eval_tasks(cfg: RunConfig, num_tasks: int | None = None) -> list:
-    """Returns the tasks of ``eval.task_set`` (filtered by ``env.difficulties``), ``num_tasks`` of them picked
-    round-robin over difficulties when given."""
+    """Returns the tasks of ``eval.task_set`` (all difficulties: ``env.difficulties`` selects training tasks only),
+    ``num_tasks`` of them picked round-robin over difficulties when given."""
     from sera_jax.run import load_env_tasks
 
-    tasks, _ = load_env_tasks(dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, task_set=cfg.eval.task_set)))
+    env = dataclasses.replace(cfg.env, task_set=cfg.eval.task_set, difficulties=())
+    tasks, _ = load_env_tasks(dataclasses.replace(cfg, env=env))
     return pick_tasks(tasks, num_tasks)
 
 
