@@ -9,7 +9,8 @@ an error such as a generator or env-worker failure) — or whose runner raised �
 programmatic label. ``eval.best_of_n > 1`` turns on test-time selection (N candidates per delegation, strict fork
 budget ``eval.fork_budget``). R runs (``eval.num_runs``) give mean ± sample std per difficulty and overall.
 
-Outputs in ``out_dir``: ``report.json`` (``evaluate.report`` plus per-task attempts), ``report.md`` and
+Outputs in ``out_dir``: ``report.json`` (``evaluate.report`` plus per-task attempts, per-game tables for TextWorld
+and mean tree statistics of the final attempts), ``report.md`` and
 ``trees.jsonl`` (every attempt's tree; ``tree.misc["eval"]`` = run, attempt, error, success).
 """
 
@@ -32,7 +33,7 @@ from sera_jax.config import RunConfig
 from sera_jax.evaluate import DIFFICULTY_ORDER, Outcome, pick_tasks, report, summarise, tree_error, tree_success
 
 __all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
-           "evaluate_tasks", "evaluate", "write_outputs"]
+           "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
 
 
 @dataclasses.dataclass
@@ -146,11 +147,12 @@ async def run_task(task: Any, env: str, generator: Any, tokenizer: Any, settings
                    retries: int = 1, selection: dict | None = None, pool: Any = None, run_index: int = 0,
                    textworld_rules: str = "reference") -> tuple[Outcome, dict, list[Tree]]:
     """Runs one task's tree, again up to ``retries`` times while it fails; returns (Outcome, a record of the
-    attempts {task_id, difficulty, attempts, errors, success}, every attempt's Tree)."""
+    attempts {task_id, difficulty, game, attempts, errors, success}, every attempt's Tree)."""
     factory = make_launcher_factory("evaluation", None, env, selection=selection)
     trees: list[Tree] = []
     errors: list[str] = []
     task_id, difficulty = str(task.task_id), str(getattr(task, "difficulty", ""))
+    game = getattr(task, "game", None)  # TextWorld's task family (the reference also reports per game)
     for attempt in range(retries + 1):
         tree = None
         try:
@@ -169,11 +171,11 @@ async def run_task(task: Any, env: str, generator: Any, tokenizer: Any, settings
             trees.append(tree)
         if err is None:
             return (Outcome(task_id, difficulty, success),
-                    {"task_id": task_id, "difficulty": difficulty, "attempts": attempt + 1, "errors": errors,
-                     "success": success}, trees)
+                    {"task_id": task_id, "difficulty": difficulty, "game": game, "attempts": attempt + 1,
+                     "errors": errors, "success": success}, trees)
         errors.append(err)
     return (Outcome(task_id, difficulty, None),
-            {"task_id": task_id, "difficulty": difficulty, "attempts": retries + 1, "errors": errors,
+            {"task_id": task_id, "difficulty": difficulty, "game": game, "attempts": retries + 1, "errors": errors,
              "success": None}, trees)
 
 
@@ -230,7 +232,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     env = cfg.env.name
     selection = {"n": e.best_of_n, "fork_budget": e.fork_budget} if e.best_of_n > 1 else None
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
-    tables, records, all_trees, times = [], [], [], []
+    tables, by_game, finals, records, all_trees, times = [], [], [], [], [], []
     try:
         for r in range(runs):
             t0 = time.monotonic()
@@ -239,6 +241,10 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
                 concurrency=e.concurrency, selection=selection, pool=pool, run_index=r, textworld_rules=cfg.env.rules)
             times.append(time.monotonic() - t0)
             tables.append(summarise(outcomes, DIFFICULTY_ORDER))
+            if any(rec["game"] is not None for rec in recs):
+                by_game.append(summarise([dataclasses.replace(o, difficulty=str(rec["game"]))
+                                          for o, rec in zip(outcomes, recs)]))
+            finals.append(tree_means(list({t.task_id: t for t in trees}.values())))  # each task's last attempt
             records.append(recs)
             all_trees.extend(trees)
             if on_run is not None:
@@ -252,9 +258,17 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     rep = report(tables, env=env, task_set=e.task_set, num_tasks=len(tasks), source=source,
                  best_of_n=e.best_of_n, fork_budget=e.fork_budget, retries=e.retries, concurrency=e.concurrency,
                  settings={k: v for k, v in settings.items() if k != "cell_limits"}, run_seconds=times,
-                 tasks=records, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                 tasks=records, by_game=by_game, tree_means=finals, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_outputs(rep, all_trees, out_dir)
     return rep
+
+
+def tree_means(trees: Sequence[Tree]) -> dict[str, float]:
+    """Returns the mean over trees of each count in ``tree.misc["stats"]`` (nodes, turns, completion tokens,
+    delegations, ...; see ``runtime.tree_stats``)."""
+    stats = [t.misc.get("stats", {}) for t in trees]
+    keys = sorted({k for s in stats for k in s})
+    return {k: sum(float(s.get(k, 0)) for s in stats) / len(stats) for k in keys} if stats else {}
 
 
 def write_outputs(rep: dict, trees: Sequence[Tree], out_dir: str | Path) -> dict[str, str]:

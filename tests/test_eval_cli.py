@@ -131,6 +131,11 @@ def test_a_crashing_tree_is_retried_once_then_counted_as_a_failure(tmp_path):
         assert run["hard"] == {"scheduled": 1, "successful": 0, "errored": 0, "rate": 0.0}
         assert run["overall"]["rate"] == pytest.approx(100.0 / 3) and run["overall"]["errored"] == 1
     assert rep["mean_std"]["overall"] == [pytest.approx(100.0 / 3), 0.0]
+    # TextWorld: also per game (task family), and mean statistics of each task's final tree
+    for run in rep["by_game"]:
+        assert run["overall"]["scheduled"] == 3 and run["overall"]["successful"] == 1
+        assert set(run) - {"overall"} == {t.game for t in (solved, broken, idle)}
+    assert rep["tree_means"][0]["nodes"] == 1.0 and rep["tree_means"][0]["agent_errors"] == pytest.approx(1 / 3)
     for records in rep["tasks"]:
         by = {r["task_id"]: r for r in records}
         # retried once after the injected error, then a clean (successful) rollout
