@@ -16,7 +16,8 @@ The tiny default's final norm is scaled by ``TINY_FINAL_NORM`` so its next-token
   ``grad_max_rel``: the largest per-tensor relative L2 error of the gradients (under Hugging Face names).
 
 Each error is ``max |ours − torch|`` divided by ``max(1, max |torch|)`` (a relative error for large values, an
-absolute one for small); it passes at ≤ ``tol`` (1e-4, fp32). torch and transformers are imported only here.
+absolute one for small); it passes at ≤ ``tol`` (1e-4, fp32; JAX matmuls at "highest" precision so GPUs do not
+use TF32). torch and transformers are imported only here.
 """
 
 from __future__ import annotations
@@ -121,6 +122,21 @@ def compare(*, checkpoint: str | Path | None = None, hf_dir: str | Path | None =
             version: int | None = None) -> dict[str, Any]:
     """Runs every comparison of the module docstring; returns {"source", "tol", "rows": [{name, max_err, scale,
     err, tol, ok}], "ok"} (err = max_err / max(1, scale))."""
+    _torch()  # fail early, before loading a large model, when torch/transformers are missing
+    import jax
+
+    cfg, params, source = load_fp32_params(checkpoint=checkpoint, hf_dir=hf_dir, seed=seed, version=version)
+    # True fp32 matmuls (GPUs would otherwise use TF32 for fp32 inputs, ~1e-3 relative error); set globally, not
+    # in a thread-local context, because the engine computes in its own driver thread. torch runs on CPU.
+    previous = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "highest")
+    try:
+        return _compare(cfg, params, source, tol=tol, seed=seed, batch=batch, seq_len=seq_len, new_tokens=new_tokens)
+    finally:
+        jax.config.update("jax_default_matmul_precision", previous)
+
+
+def _compare(cfg, params, source: str, *, tol: float, seed: int, batch: int, seq_len: int, new_tokens: int):
     torch, transformers = _torch()
     import jax
     import jax.numpy as jnp
@@ -129,7 +145,6 @@ def compare(*, checkpoint: str | Path | None = None, hf_dir: str | Path | None =
     from sera_jax.model import forward, save_pretrained, token_logprobs
     from sera_jax.rl.losses import cispo_loss
 
-    cfg, params, source = load_fp32_params(checkpoint=checkpoint, hf_dir=hf_dir, seed=seed, version=version)
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, cfg.vocab_size, size=(batch, seq_len), dtype=np.int32)
     rows: list[dict[str, Any]] = []
