@@ -61,3 +61,22 @@ def test_missing_torch_is_a_clear_message(monkeypatch, capsys):
     assert compare_main([]) == 3
     err = capsys.readouterr().err
     assert "needs torch and transformers" in err and "pip install" in err
+
+
+def test_a_weight_mismatch_fails_the_comparison(monkeypatch, capsys):
+    import sera_jax.model as model_mod
+
+    real_save = model_mod.save_pretrained
+
+    def perturbed_save(cfg, params, hf_dir, **kw):
+        # the model torch loads gets a final norm 1% off; gradients are written unchanged
+        if Path(hf_dir).name == "model":
+            params = {**params, "final_norm": {"scale": params["final_norm"]["scale"] * 1.01}}
+        return real_save(cfg, params, hf_dir, **kw)
+
+    monkeypatch.setattr(model_mod, "save_pretrained", perturbed_save)
+    assert compare_main(["--seq-len", "32", "--new-tokens", "4"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("RESULT pass=0 ")
+    failed = {line.split("|")[1].strip() for line in lines if line.endswith("| FAIL |")}
+    assert {"logits", "token_logprobs", "engine_logprobs", "cispo_loss", "grad_norm"} <= failed
