@@ -11,7 +11,8 @@ budget ``eval.fork_budget``). R runs (``eval.num_runs``) give mean ± sample std
 
 Outputs in ``out_dir``: ``report.json`` (``evaluate.report`` plus per-task attempts, per-game tables for TextWorld
 and mean tree statistics of the final attempts), ``report.md`` and
-``trees.jsonl`` (every attempt's tree; ``tree.misc["eval"]`` = run, attempt, error, success).
+``trees.jsonl`` (every attempt's tree, appended as each task finishes; ``tree.misc["eval"]`` = run, attempt, error,
+success).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ async def run_task(task: Any, env: str, generator: Any, tokenizer: Any, settings
                    retries: int = 1, selection: dict | None = None, pool: Any = None, run_index: int = 0,
                    textworld_rules: str = "reference") -> tuple[Outcome, dict, list[Tree]]:
     """Runs one task's tree, again up to ``retries`` times while it fails; returns (Outcome, a record of the
-    attempts {task_id, difficulty, game, attempts, errors, success}, every attempt's Tree)."""
+    attempts {task_id, difficulty, game, attempts, errors, success, stats of the last attempt's tree}, every
+    attempt's Tree)."""
     factory = make_launcher_factory("evaluation", None, env, selection=selection)
     trees: list[Tree] = []
     errors: list[str] = []
@@ -172,25 +174,32 @@ async def run_task(task: Any, env: str, generator: Any, tokenizer: Any, settings
         if err is None:
             return (Outcome(task_id, difficulty, success),
                     {"task_id": task_id, "difficulty": difficulty, "game": game, "attempts": attempt + 1,
-                     "errors": errors, "success": success}, trees)
+                     "errors": errors, "success": success, "stats": tree.misc.get("stats", {})}, trees)
         errors.append(err)
     return (Outcome(task_id, difficulty, None),
             {"task_id": task_id, "difficulty": difficulty, "game": game, "attempts": retries + 1, "errors": errors,
-             "success": None}, trees)
+             "success": None, "stats": trees[-1].misc.get("stats", {}) if trees else {}}, trees)
 
 
 async def evaluate_tasks(tasks: Sequence[Any], env: str, generator: Any, tokenizer: Any, settings: RuntimeSettings,
                          *, retries: int = 1, concurrency: int = 64, selection: dict | None = None, pool: Any = None,
-                         run_index: int = 0, textworld_rules: str = "reference"
+                         run_index: int = 0, textworld_rules: str = "reference",
+                         on_trees: Callable[[list[Tree]], None] | None = None
                          ) -> tuple[list[Outcome], list[dict], list[Tree]]:
     """Runs every task (at most ``concurrency`` at a time) under :func:`run_task`; returns (outcomes, attempt
-    records, trees), in task order."""
+    records, trees), in task order. With ``on_trees`` each task's trees go there as soon as it finishes and are not
+    kept (a full task set's prompts would not fit in memory); the returned tree list is then empty."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task):
         async with gate:
-            return await run_task(task, env, generator, tokenizer, settings, retries=retries, selection=selection,
-                                  pool=pool, run_index=run_index, textworld_rules=textworld_rules)
+            outcome, rec, trees = await run_task(task, env, generator, tokenizer, settings, retries=retries,
+                                                 selection=selection, pool=pool, run_index=run_index,
+                                                 textworld_rules=textworld_rules)
+        if on_trees is not None:
+            on_trees(trees)
+            trees = []
+        return outcome, rec, trees
 
     results = await asyncio.gather(*(one(t) for t in tasks))
     return [r[0] for r in results], [r[1] for r in results], [t for r in results for t in r[2]]
@@ -232,21 +241,23 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     env = cfg.env.name
     selection = {"n": e.best_of_n, "fork_budget": e.fork_budget} if e.best_of_n > 1 else None
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
-    tables, by_game, finals, records, all_trees, times = [], [], [], [], [], []
+    tables, by_game, finals, records, times = [], [], [], [], []
+    trees_path = out_dir / "trees.jsonl"
+    trees_path.write_text("")
     try:
         for r in range(runs):
             t0 = time.monotonic()
             outcomes, recs, trees = await evaluate_tasks(
                 tasks, env, generator, tokenizer, eval_settings(cfg, r), retries=e.retries,
-                concurrency=e.concurrency, selection=selection, pool=pool, run_index=r, textworld_rules=cfg.env.rules)
+                concurrency=e.concurrency, selection=selection, pool=pool, run_index=r, textworld_rules=cfg.env.rules,
+                on_trees=lambda trees: write_jsonl(trees, trees_path))
             times.append(time.monotonic() - t0)
             tables.append(summarise(outcomes, DIFFICULTY_ORDER))
             if any(rec["game"] is not None for rec in recs):
                 by_game.append(summarise([dataclasses.replace(o, difficulty=str(rec["game"]))
                                           for o, rec in zip(outcomes, recs)]))
-            finals.append(tree_means(list({t.task_id: t for t in trees}.values())))  # each task's last attempt
+            finals.append(tree_means([rec["stats"] for rec in recs]))
             records.append(recs)
-            all_trees.extend(trees)
             if on_run is not None:
                 on_run(r, tables[-1])
     finally:
@@ -259,28 +270,25 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
                  best_of_n=e.best_of_n, fork_budget=e.fork_budget, retries=e.retries, concurrency=e.concurrency,
                  settings={k: v for k, v in settings.items() if k != "cell_limits"}, run_seconds=times,
                  tasks=records, by_game=by_game, tree_means=finals, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    write_outputs(rep, all_trees, out_dir)
+    write_outputs(rep, out_dir)
     return rep
 
 
-def tree_means(trees: Sequence[Tree]) -> dict[str, float]:
-    """Returns the mean over trees of each count in ``tree.misc["stats"]`` (nodes, turns, completion tokens,
+def tree_means(stats: Sequence[dict]) -> dict[str, float]:
+    """Returns the mean over trees of each count in their ``tree.misc["stats"]`` (nodes, turns, completion tokens,
     delegations, ...; see ``runtime.tree_stats``)."""
-    stats = [t.misc.get("stats", {}) for t in trees]
     keys = sorted({k for s in stats for k in s})
     return {k: sum(float(s.get(k, 0)) for s in stats) / len(stats) for k in keys} if stats else {}
 
 
-def write_outputs(rep: dict, trees: Sequence[Tree], out_dir: str | Path) -> dict[str, str]:
-    """Writes report.json, report.md and trees.jsonl (replacing earlier ones); returns their paths by name."""
+def write_outputs(rep: dict, out_dir: str | Path) -> dict[str, str]:
+    """Writes report.json and report.md (replacing earlier ones); returns their paths by name."""
     out_dir = Path(out_dir)
-    paths = {"report": out_dir / "report.json", "markdown": out_dir / "report.md", "trees": out_dir / "trees.jsonl"}
+    paths = {"report": out_dir / "report.json", "markdown": out_dir / "report.md"}
     paths["report"].write_text(json.dumps(rep, indent=1, default=str, allow_nan=True) + "\n")
     overall = rep["mean_std"]["overall"]
     head = (f"# sera-eval: {rep['env']} / {rep['task_set']} ({rep['num_tasks']} tasks, {rep['num_runs']} run"
             f"{'s' if rep['num_runs'] > 1 else ''})\n\nPolicy: {rep['source']}. Overall success "
             f"{overall[0]:.2f} ± {overall[1]:.2f} % (sample std; errors count as failures).\n\n")
     paths["markdown"].write_text(head + rep["markdown"] + "\n")
-    paths["trees"].write_text("")
-    write_jsonl(trees, paths["trees"])
     return {k: str(v) for k, v in paths.items()}
