@@ -72,8 +72,9 @@ def train_main(argv: list[str] | None = None) -> int:
         m = o.metrics
         line = {"version": o.version, "stage": o.stage, "skipped": o.skipped, "reason": o.reason,
                 **{k: round(m[k], 6) if isinstance(m.get(k), float) else m.get(k)
-                   for k in ("groups_accepted", "groups_started", "trainable_datums", "loss", "grad_norm",
-                             "time_rollout_s", "time_train_s") if k in m}}
+                   for k in ("groups_accepted", "groups_started", "trainable_datums", "root_success",
+                             "delegation_rate", "rubric_ranking_auc", "loss", "grad_norm", "time_rollout_s",
+                             "time_train_s") if k in m}}
         print(json.dumps(line), flush=True)
 
     if args.dry_run:
@@ -94,7 +95,25 @@ def train_main(argv: list[str] | None = None) -> int:
         print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],
                           "updated": [not o.skipped for o in outcomes]}))
         return 0
-    asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=show))
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.train.total_steps, desc="policy versions", unit="step", dynamic_ncols=True)
+
+    def progress(o) -> None:
+        if bar.n == 0 and o.version > 0 and not o.skipped:
+            bar.update(o.version - 1)  # resumed run: start the bar where the checkpoint left off
+        if not o.skipped:
+            bar.update(1)
+        m = o.metrics
+        bar.set_postfix(stage=o.stage, success=round(m.get("root_success", 0.0), 3),
+                        loss=round(m.get("loss", float("nan")), 4), skipped=o.skipped)
+        with bar.external_write_mode():
+            show(o)
+
+    try:
+        asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=progress))
+    finally:
+        bar.close()
     return 0
 
 

@@ -22,12 +22,14 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from sera_jax.agents.records import write_jsonl
 from sera_jax.checkpoint import Checkpointer, key_from_json, key_to_json, run_metadata
 from sera_jax.export import model_config_record
 from sera_jax.metrics import MetricsWriter
 from sera_jax.rl.baselines import GroupCredit, apply_depth_weights, step_is_skipped, task_group_credit
 from sera_jax.rl.batch import pack_datums
 from sera_jax.rl.stages import MethodConfig, position
+from sera_jax.step_stats import tree_metrics
 from sera_jax.trainer import TrainState, batch_axis_size, stack_micro_batches
 
 
@@ -98,7 +100,7 @@ async def collect_groups(stage: str, version: int, tasks: Sequence[Any], stream:
     forever); in deterministic mode groups are accepted in data order, otherwise in completion order.
     """
     accepted: list[GroupCredit] = []
-    stats = {"groups_started": 0, "groups_rejected": 0, "trees": 0}
+    stats: dict[str, Any] = {"groups_started": 0, "groups_rejected": 0, "trees": 0, "tree_records": []}
     in_flight: dict[asyncio.Task, int] = {}
     window = tasks_per_step if deterministic else groups_in_flight
 
@@ -124,6 +126,7 @@ async def collect_groups(stage: str, version: int, tasks: Sequence[Any], stream:
                 in_flight.pop(fut)
                 trees = fut.result()
                 stats["trees"] += len(trees)
+                stats["tree_records"].extend(trees)
                 group = credit(stage, trees)
                 if group.accepted and len(accepted) < tasks_per_step:
                     accepted.append(group)
@@ -183,6 +186,7 @@ class Loop:
     checkpointer: Checkpointer | None = None
     metrics: MetricsWriter | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
 
     def _ranks(self) -> int:
         return self.num_ranks if self.num_ranks is not None else (batch_axis_size(self.mesh) if self.mesh else 1)
@@ -201,8 +205,13 @@ class Loop:
             deterministic=self.deterministic,
             max_attempts=self.max_group_attempts or 4 * max(self.tasks_per_step, self.groups_in_flight))
         t_rollout = time.perf_counter() - t0
+        trees = stats.pop("tree_records")
         metrics: dict[str, Any] = {"stage": pos.stage, "groups_accepted": len(groups), **stats,
                                    "time_rollout_s": t_rollout}
+        metrics.update(tree_metrics(trees, env="textcraft" if self.env == "textcraft" else "textworld"))
+        if self.trees_dir is not None:
+            Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
+            write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}.jsonl")
         metrics.update(_reward_stats(groups))
         if len(groups) < self.tasks_per_step:
             return self._skip(pos.stage, metrics, f"only {len(groups)} usable task groups")

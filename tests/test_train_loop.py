@@ -109,7 +109,7 @@ def _loop(world, out_dir, *, every=1):
                 env="textcraft", decode=tok.decode, mesh=None, tasks_per_step=2, groups_in_flight=2,
                 token_budget=8192, buckets=(2048, 4096), deterministic=True, num_ranks=1,
                 checkpointer=Checkpointer(out_dir / "ck", every=every), metrics=MetricsWriter(out_dir),
-                key=jax.random.key(9))
+                key=jax.random.key(9), trees_dir=out_dir / "trees")
 
 
 def test_loop_trains_checkpoints_and_resumes_exactly(world, tmp_path):
@@ -119,6 +119,11 @@ def test_loop_trains_checkpoints_and_resumes_exactly(world, tmp_path):
     m = outs[0].metrics
     assert m["groups_accepted"] == 2 and m["trainable_datums"] > 0 and m["loss_tokens"] > 0
     assert m["grad_norm"] > 0 and m["update_norm"] > 0
+    # tree-level metrics: the script solves half of the rollouts; nobody delegates; TextCraft labels programmatic
+    assert 0.0 < m["root_success"] < 1.0 and m["delegation_rate"] == 0.0 and m["nodes_per_tree"] == 1.0
+    from sera_jax.agents.records import read_jsonl
+    written = sorted((tmp_path / "a" / "trees").glob("*.jsonl"))
+    assert len(written) == 2 and len(list(read_jsonl(written[0]))) == m["trees"]
     records = read_metrics(tmp_path / "a" / "metrics.jsonl")
     assert [r["version"] for r in records] == [1, 2] and records[0]["stage"] == "execution"
     assert (tmp_path / "a" / "tensorboard").is_dir()

@@ -1,0 +1,69 @@
+"""What one step's trees say, as scalars: success, delegation, tree shape, rubric calls, supervision spent, and how
+well the policy's rubrics ranked real successes above failures at the step's delegation points."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sera_jax.agents.records import Tree, TreeIndex
+
+
+def ranking_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """Returns P(score of a random success > score of a random failure), ties counting 1/2; None without both."""
+    s = np.asarray(scores, np.float64)
+    y = np.asarray(labels, bool)
+    if y.all() or not y.any():
+        return None
+    gaps = s[y][:, None] - s[~y][None, :]
+    return float((gaps > 0).mean() + 0.5 * (gaps == 0).mean())
+
+
+def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, float]:
+    """Returns step-level scalars of ``trees`` (empty dict for no trees)."""
+    if not trees:
+        return {}
+    root_success, delegated, nodes, depth, tokens, errors = [], [], [], [], [], []
+    rubric = {"rubric_calls": 0, "rubric_invalid": 0, "score_calls": 0, "score_invalid": 0}
+    labels = 0
+    aucs, accs = [], []
+    for t in trees:
+        idx = TreeIndex.build(t)
+        root = t.nodes[idx.root]
+        root_success.append(float(root.env_labels.get("success", 0.0) or 0.0))
+        stats = t.misc.get("stats", {})
+        delegated.append(float(stats.get("delegations", 0) > 0))
+        nodes.append(stats.get("nodes", len(t.nodes)))
+        depth.append(stats.get("max_depth", max(idx.depth.values(), default=0)))
+        tokens.append(stats.get("completion_tokens", 0))
+        errors.append(stats.get("agent_errors", 0))
+        rs = t.misc.get("rubric_stats", {})
+        rubric["rubric_calls"] += int(rs.get("complete", rs.get("rubrics", 0)) or 0)
+        rubric["rubric_invalid"] += int(rs.get("rubric_invalid", 0) or 0)
+        rubric["score_calls"] += int(rs.get("scores", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
+        rubric["score_invalid"] += int(rs.get("score_invalid", 0) or 0)
+        for g in t.fork_groups:
+            labelled = [b for b in g.branches if b.success is not None]
+            labels += len(labelled)
+            scored = [b for b in labelled if b.score is not None]
+            auc = ranking_auc([b.score for b in scored], [bool(b.success) for b in scored])
+            if auc is not None:
+                aucs.append(auc)
+                s = np.asarray([b.score for b in scored])
+                y = np.asarray([bool(b.success) for b in scored])
+                accs.append(float(((s[y][:, None] - s[~y][None, :]) > 0).mean()))
+    out: dict[str, Any] = {
+        "root_success": float(np.mean(root_success)), "delegation_rate": float(np.mean(delegated)),
+        "nodes_per_tree": float(np.mean(nodes)), "max_depth": float(np.max(depth)),
+        "completion_tokens": float(np.sum(tokens)), "agent_errors": float(np.sum(errors)),
+        **{k: float(v) for k, v in rubric.items()},
+        # Supervision: TextCraft labels are programmatic checks; TextWorld's come from the judge.
+        ("programmatic_labels" if env == "textcraft" else "judge_labels"): float(labels),
+    }
+    if aucs:
+        out["rubric_ranking_accuracy"] = float(np.mean(accs))
+        out["rubric_ranking_auc"] = float(np.mean(aucs))
+        out["ranked_groups"] = float(len(aucs))
+    return out

@@ -1,0 +1,36 @@
+"""Step metrics from tree records: ranking AUC/accuracy over fork groups, supervision counts, tree shape."""
+
+import pytest
+
+from sera_jax.agents.records import Branch, ForkGroup, Node, Tree
+from sera_jax.step_stats import ranking_auc, tree_metrics
+
+
+def test_ranking_auc_vectors():
+    assert ranking_auc([0.9, 0.8, 0.1], [True, True, False]) == 1.0
+    assert ranking_auc([0.1, 0.9], [True, False]) == 0.0
+    assert ranking_auc([0.5, 0.5], [True, False]) == 0.5
+    assert ranking_auc([0.5, 0.7], [True, True]) is None
+
+
+def _tree(success, scores, labels):
+    root = Node(id="root", goal="g", depth=0, parent_id=None, fork_step=None, env_labels={"success": success})
+    branches = [Branch(branch_index=i, trajectory_id=f"b{i}", depth=1, success=y, score=s)
+                for i, (s, y) in enumerate(zip(scores, labels))]
+    group = ForkGroup(id="fg", parent_id="root", fork_step=0, child_depth=1, branches=branches)
+    return Tree(id="t", task_id="task", root_id="root", nodes={"root": root}, fork_groups=[group],
+                misc={"stats": {"nodes": 9, "delegations": 1, "max_depth": 1, "completion_tokens": 100,
+                                "agent_errors": 2},
+                      "rubric_stats": {"groups": 1, "complete": 1, "rubric_invalid": 0, "scores": 7,
+                                       "score_invalid": 1}})
+
+
+def test_tree_metrics():
+    labels = [True, True, False, False, True, False, False, True]
+    scores = [0.9, 0.8, 0.2, 0.85, 0.7, 0.1, None, 0.6]
+    m = tree_metrics([_tree(1.0, scores, labels), _tree(0.0, scores, labels)], env="textworld")
+    assert m["root_success"] == 0.5 and m["delegation_rate"] == 1.0 and m["judge_labels"] == 16
+    # scored pairs: successes {.9,.8,.7,.6} × failures {.2,.85,.1}: only .9 beats .85, so 3+2+2+2 = 9 of 12
+    assert m["rubric_ranking_accuracy"] == pytest.approx(9 / 12) and m["rubric_ranking_auc"] == pytest.approx(9 / 12)
+    assert m["score_calls"] == 16 and m["score_invalid"] == 2 and m["agent_errors"] == 4
+    assert tree_metrics([]) == {}
