@@ -160,7 +160,7 @@ def main() -> None:
         ttft = branch[False, 1][1] / branch[True, 1][1]
         total = branch[False, branch_new][1] / branch[True, branch_new][1]
         print(f"  -> {pn / pc:.1f}x fewer prefilled tokens; {ttft:.1f}x faster to the first tokens (the prefill), "
-              f"{total:.1f}x faster to {branch_new} tokens (the decode over the shared context is the same work in both)")
+              f"{total:.1f}x faster to {branch_new} tokens (decoding over the shared context is the same work in both)")
     res = " ".join(f"b{b}_engine_tps={e:.0f} b{b}_hf_tps={h:.0f} b{b}_ratio={e / h:.2f}" for b, e, h in rows)
     if branch:
         res += (f" branch8_prefill_ratio={pn / pc:.2f} branch8_ttft_speedup={ttft:.2f} branch8_speedup={total:.2f} "

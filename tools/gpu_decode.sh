@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Rollout-engine decode throughput on one GPU (meant for an H200): Qwen3-4B shapes, random bf16 weights, the pure-JAX
-# paged attention reference. Reports tokens/s at batch 1, 64 and 256 (mixed prompt lengths), and at batch 1 the
-# fraction of the 4.8 TB/s HBM roofline (a decode step must at least read every weight and the cached K/V once).
+# Rollout-engine decode throughput on one GPU (meant for an H200): Qwen3-4B shapes, random bf16 weights, the engine's
+# paged attention (sampling.attention.select_impl: the Pallas kernel on GPU; SERA_ATTENTION_IMPL=reference forces the
+# pure-JAX reference). Reports tokens/s at batch 1, 64 and 256 (mixed prompt lengths), and at batch 1 the fraction of
+# the 4.8 TB/s HBM roofline (a decode step must at least read every weight and the cached K/V once).
+# "decode tok/s" subtracts a prefill-only run (max_new_tokens=1) of the same prompts from the full run, so it
+# approximates steady decoding; "e2e" is all generated tokens over the whole wall time.
 # `--tiny` runs the same script with a tiny model on CPU in seconds (what CI runs: it checks the script, its numbers
-# mean nothing). "decode tok/s" subtracts a prefill-only run (max_new_tokens=1) of the same prompts from the full run,
-# so it approximates steady decoding; "e2e" is all generated tokens over the whole wall time. Options: --new-tokens N (default 128), --tiny. Ends with a `RESULT key=value ...` line.
+# mean nothing). Options: --new-tokens N (default 128), --tiny. Ends with a `RESULT key=value ...` line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
