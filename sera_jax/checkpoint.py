@@ -149,6 +149,19 @@ class Checkpointer:
             meta=ocp.args.JsonRestore()))
         return out.params, dict(out.meta)
 
+    def restore_model(self, version: int | None = None):
+        """Returns (Qwen3Config, params, meta) of ``version`` (default latest) from the model config recorded in
+        the metadata, without reading the optimizer state."""
+        from sera_jax.model import Qwen3Config, abstract_params
+
+        meta = self.read_meta(version)
+        if "model_config" not in meta:
+            raise ValueError(f"checkpoint {self.directory} version {meta.get('version')} has no model_config in "
+                             "its metadata")
+        cfg = Qwen3Config(**meta["model_config"])
+        params, meta = self.restore_params(abstract_params(cfg), meta["version"])
+        return cfg, params, meta
+
     def wait(self) -> None:
         """Blocks until pending saves are on disk."""
         self.manager.wait_until_finished()

@@ -58,7 +58,7 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
     """Returns the Policy to evaluate: a run checkpoint's params (its metadata's model config and tokenizer), a HF
     directory's, or else ``cfg``'s model (``model.hf_dir``, or a random init from ``train.seed``) with ``cfg``'s
     tokenizer (``builtin:textcraft`` is built into ``work_dir``)."""
-    from sera_jax.model import Qwen3Config, abstract_params, init_params, load_pretrained
+    from sera_jax.model import init_params, load_pretrained
     from sera_jax.model.tokenizer import load_tokenizer
     from sera_jax.tiny_tokenizer import resolve_tokenizer
 
@@ -72,11 +72,7 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
             raise FileNotFoundError(f"no checkpoint directory {ck_dir}")
         ck = Checkpointer(ck_dir)
         try:
-            meta = ck.read_meta(version)
-            if "model_config" not in meta:
-                raise ValueError(f"checkpoint {ck_dir} has no model_config in its metadata")
-            model_cfg = Qwen3Config(**meta["model_config"])
-            params, meta = ck.restore_params(abstract_params(model_cfg), version)
+            model_cfg, params, meta = ck.restore_model(version)
         finally:
             ck.close()
         tok_path = meta.get("tokenizer_path")

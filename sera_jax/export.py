@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sera_jax.checkpoint import Checkpointer, run_metadata
-from sera_jax.model import Qwen3Config, abstract_params, load_pretrained, save_pretrained
+from sera_jax.model import Qwen3Config, load_pretrained, save_pretrained
 from sera_jax.rl.optim import OptimConfig, make_optimizer
 from sera_jax.trainer import init_train_state
 
@@ -51,14 +51,8 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, version: int
     """
     ck = Checkpointer(ckpt_dir)
     try:
-        version = ck.latest() if version is None else version
-        if version is None:
-            raise FileNotFoundError(f"no checkpoint in {ckpt_dir}")
-        meta = ck.read_meta(version)
-        if "model_config" not in meta:
-            raise ValueError(f"checkpoint {ckpt_dir} version {version} has no model_config in its metadata")
-        cfg = Qwen3Config(**meta["model_config"])
-        params, meta = ck.restore_params(abstract_params(cfg), version)
+        cfg, params, meta = ck.restore_model(version)
+        version = meta["version"]
     finally:
         ck.close()
     out_dir = Path(out_dir)

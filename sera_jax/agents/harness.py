@@ -13,6 +13,7 @@ with ``error_message`` = ``Error in episode loop at step N: …`` and ``rollout_
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import contextvars
@@ -148,7 +149,7 @@ class TreeRun:
         return turn, tok.decode(ids, skip_special_tokens=True)
 
 
-class Episode:
+class Episode(abc.ABC):
     """One agent's environment-specific behaviour; ``run_episode`` calls these hooks.
 
     Subclasses set ``messages`` in ``start`` and implement ``act``; ``done`` ends the loop after the current turn.
@@ -162,9 +163,9 @@ class Episode:
         self.done = False
         self.gate = None  # a lockstep.Lockstep when this agent runs in a deterministic sibling group
 
+    @abc.abstractmethod
     async def start(self) -> None:
-        """Builds the system and task messages."""
-        raise NotImplementedError
+        """Builds the system and task messages (each environment's episode defines it)."""
 
     async def before_turn(self) -> bool:
         """Returns True when the agent must stop before generating (e.g. the shared world is done)."""
@@ -177,10 +178,10 @@ class Episode:
     async def loop_break(self) -> None:
         """Appends the loop breaker's synthetic turn (called when ``stuck()``)."""
 
+    @abc.abstractmethod
     async def act(self, turn: Turn, text: str) -> None:
         """Parses ``text``, acts on the environment, fills the turn's action/observation fields and extends
-        ``messages`` with the assistant reply and the next user message."""
-        raise NotImplementedError
+        ``messages`` with the assistant reply and the next user message (each environment's episode defines it)."""
 
     async def finish(self) -> None:
         """Writes the node's labels (env success, finish/result facts) once the loop has ended."""
