@@ -9,14 +9,8 @@
 # mean nothing). Options: --new-tokens N (default 128), --tiny. Ends with a `RESULT key=value ...` line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY="$(command -v python3 || command -v python)"; fi
-fi
-if [[ " $* " == *" --tiny "* ]]; then
-  export JAX_PLATFORMS=cpu
-else
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source tools/gpu_common.sh "$@"
+if [[ "$GPU_TINY" == 0 ]]; then
   # The KV pool is sized explicitly below; let XLA keep the rest for the transient gathers of the reference attention.
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 fi

@@ -5,14 +5,8 @@
 # Ends with a `RESULT key=value ...` line; exit status 1 if a kernel disagrees with its reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY="$(command -v python3 || command -v python)"; fi
-fi
-if [[ " $* " == *" --tiny "* ]]; then
-  export JAX_PLATFORMS=cpu
-else
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+source tools/gpu_common.sh "$@"
+if [[ "$GPU_TINY" == 0 ]]; then
   # Timing wants the whole GPU and no preallocation surprises between the kernel and the (memory-hungry) reference.
   export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
 fi

@@ -12,10 +12,7 @@
 #   bash tools/gpu_profile.sh --tiny [--out DIR]        # the same code paths on CPU with the tiny preset (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY="$(command -v python3 || command -v python)"; fi
-fi
+source tools/gpu_common.sh "$@"
 TINY=()
 OUT="sera_profile/$(date -u +%Y%m%d-%H%M%S)"
 ARGS=()
@@ -29,12 +26,8 @@ done
 
 if [[ ${#TINY[@]} -gt 0 ]]; then
   # 4 fake CPU devices, so the FSDP sharding and its collectives really run; low backend optimisation: CI time.
-  export JAX_PLATFORMS=cpu
   export XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
 else
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  fi
   # Let the step use nearly all of the 141 GB (the default preallocation is 75%); peak_bytes_in_use is still the
   # allocator's true high-water mark.
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
