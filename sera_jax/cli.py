@@ -73,8 +73,8 @@ def train_main(argv: list[str] | None = None) -> int:
         line = {"version": o.version, "stage": o.stage, "skipped": o.skipped, "reason": o.reason,
                 **{k: round(m[k], 6) if isinstance(m.get(k), float) else m.get(k)
                    for k in ("groups_accepted", "groups_started", "trainable_datums", "root_success",
-                             "delegation_rate", "rubric_ranking_auc", "loss", "grad_norm", "time_rollout_s",
-                             "time_train_s") if k in m}}
+                             "delegation_rate", "rubric_ranking_auc", "loss", "grad_norm", "time/rollout_s",
+                             "time/train_s") if k in m}}
         print(json.dumps(line), flush=True)
 
     if args.dry_run:

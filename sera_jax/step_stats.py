@@ -1,5 +1,17 @@
 """What one step's trees say, as scalars: success, delegation, tree shape, rubric calls, supervision spent, and how
-well the policy's rubrics ranked real successes above failures at the step's delegation points."""
+well the policy's rubrics ranked real successes above failures at the step's delegation points.
+
+Supervision spent (``supervision/…``), summed over the step's finished trees (accepted and rejected groups alike:
+the supervision was spent either way; groups cancelled in flight left no records and are not counted):
+
+* ``supervision/programmatic_labels`` — counterfactual branches labelled by the programmatic checker (TextCraft);
+* ``supervision/judge_labels`` — branches a judge model labelled (TextWorld; branches it failed on are not counted);
+* ``supervision/judge_calls`` — requests sent to the judge (every attempt: retries and failed requests included);
+* ``supervision/judge_prompt_tokens`` / ``supervision/judge_completion_tokens`` — their tokens: the endpoint's
+  ``usage`` (chat judge) or the token ids sent and generated (``policy_frozen`` judge);
+* ``supervision/judge_unmetered_calls`` — judge requests with no token count (no ``usage`` in the reply, or no
+  reply): when non-zero the token sums are lower bounds.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +40,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
     root_success, delegated, nodes, depth, tokens, errors = [], [], [], [], [], []
     rubric = {"rubric_calls": 0, "rubric_invalid": 0, "score_calls": 0, "score_invalid": 0}
     labels = 0
+    judge = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "unmetered_calls": 0}
     aucs, accs = [], []
     for t in trees:
         idx = TreeIndex.build(t)
@@ -44,6 +57,10 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
         rubric["rubric_invalid"] += int(rs.get("rubric_invalid", 0) or 0)
         rubric["score_calls"] += int(rs.get("scores", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
         rubric["score_invalid"] += int(rs.get("score_invalid", 0) or 0)
+        for node in t.nodes.values():
+            spent = node.misc.get("judge_label") or {}
+            for k in judge:
+                judge[k] += int(spent.get(k, 0) or 0)
         for g in t.fork_groups:
             labelled = [b for b in g.branches if b.success is not None]
             labels += len(labelled)
@@ -60,7 +77,9 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
         "completion_tokens": float(np.sum(tokens)), "agent_errors": float(np.sum(errors)),
         **{k: float(v) for k, v in rubric.items()},
         # Supervision: TextCraft labels are programmatic checks; TextWorld's come from the judge.
-        ("programmatic_labels" if env == "textcraft" else "judge_labels"): float(labels),
+        "supervision/programmatic_labels": float(labels if env == "textcraft" else 0),
+        "supervision/judge_labels": float(labels if env != "textcraft" else 0),
+        **{f"supervision/judge_{k}": float(v) for k, v in judge.items()},
     }
     if aucs:
         out["rubric_ranking_accuracy"] = float(np.mean(accs))

@@ -9,6 +9,23 @@ non-finite loss, is skipped: the version does not advance and the same stage is 
 
 Everything the loop needs to continue is checkpointed with the state: version, skipped-step count, data order and
 cursor, the PRNG key, the model config and provenance (``sera_jax.checkpoint``).
+
+Step metrics (``metrics.jsonl`` and TensorBoard ``step/<name>``): tree scalars and supervision spent
+(``sera_jax.step_stats``), advantages, the train step's own metrics, and wall time in seconds by phase:
+
+* ``time/rollout_s`` — wall time collecting the step's task groups (rollouts, labels, rubric calls, credit);
+* ``time/generation_s``, ``time/env_s``, ``time/scoring_s`` — wall time within the rollout during which at least one
+  span of that phase was open (union of intervals, ≤ ``time/rollout_s``): generation = agent turns and rubric-writing
+  calls awaiting the generator; env = environment actions (a TextCraft cell minus its sub-agent launches, a
+  TextWorld command); scoring = rubric-scoring calls and judge requests. Phases overlap one another (many agents run
+  at once), so they do not add up to the rollout time;
+* ``time/generation_busy_s``, ``time/env_busy_s``, ``time/scoring_busy_s`` — the summed span durations
+  (agent-seconds; above the wall time when agents overlap);
+* ``time/rollout_uncovered_s`` — rollout wall time with no generation, env or scoring span open (host work);
+* ``time/batch_s``, ``time/train_s``, ``time/publish_s`` — packing the batch, the train step (to its metrics on the
+  host), publishing the weights to the sampler; ``time/step_s`` — the whole attempt.
+
+Spans come from the runtime's trace (``sera_jax.agents.trace``): the loop activates a fresh one around each rollout.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ import jax
 import numpy as np
 
 from sera_jax.agents.records import write_jsonl
+from sera_jax.agents.trace import Trace, phase_times, tracing
 from sera_jax.checkpoint import Checkpointer, key_from_json, key_to_json, run_metadata
 from sera_jax.export import model_config_record
 from sera_jax.metrics import MetricsWriter
@@ -187,6 +205,7 @@ class Loop:
     metrics: MetricsWriter | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
+    _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
     def _ranks(self) -> int:
         return self.num_ranks if self.num_ranks is not None else (batch_axis_size(self.mesh) if self.mesh else 1)
@@ -198,16 +217,21 @@ class Loop:
     async def step(self) -> StepOutcome:
         """Runs one attempt at the current version; returns what happened (the version advances on success)."""
         pos = position(self.version, self.method.stage_schedule)
-        t0 = time.perf_counter()
-        groups, stats = await collect_groups(
-            pos.stage, self.version, self.tasks, self.stream, self.run_group, self._credit,
-            tasks_per_step=self.tasks_per_step, groups_in_flight=self.groups_in_flight,
-            deterministic=self.deterministic,
-            max_attempts=self.max_group_attempts or 4 * max(self.tasks_per_step, self.groups_in_flight))
-        t_rollout = time.perf_counter() - t0
+        self._t_start = t0 = time.monotonic()
+        trace = Trace()
+        with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
+            groups, stats = await collect_groups(
+                pos.stage, self.version, self.tasks, self.stream, self.run_group, self._credit,
+                tasks_per_step=self.tasks_per_step, groups_in_flight=self.groups_in_flight,
+                deterministic=self.deterministic,
+                max_attempts=self.max_group_attempts or 4 * max(self.tasks_per_step, self.groups_in_flight))
+        t_end = time.monotonic()
         trees = stats.pop("tree_records")
         metrics: dict[str, Any] = {"stage": pos.stage, "groups_accepted": len(groups), **stats,
-                                   "time_rollout_s": t_rollout}
+                                   "time/rollout_s": t_end - t0}
+        phases = phase_times(trace, t0, t_end)
+        metrics.update({f"time/{k}": v for k, v in phases.items() if k != "uncovered_s"})
+        metrics["time/rollout_uncovered_s"] = phases["uncovered_s"]
         metrics.update(tree_metrics(trees, env="textcraft" if self.env == "textcraft" else "textworld"))
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
@@ -223,16 +247,17 @@ class Loop:
             return self._skip(pos.stage, metrics, info["reason"])
         if self.mesh is not None and hasattr(self.step_fn, "batch_sharding"):
             batch = jax.device_put(batch, self.step_fn.batch_sharding)
-        metrics["time_batch_s"] = time.perf_counter() - t1
+        metrics["time/batch_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         self.state, step_metrics = self.step_fn(self.state, batch)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-        metrics.update(step_metrics, time_train_s=time.perf_counter() - t2)
+        metrics.update(step_metrics)
+        metrics["time/train_s"] = time.perf_counter() - t2
         if step_metrics["skipped"]:
             return self._skip(pos.stage, metrics, "non-finite loss or gradient")
         t3 = time.perf_counter()
         self.publish(self.state.params)
-        metrics["time_publish_s"] = time.perf_counter() - t3
+        metrics["time/publish_s"] = time.perf_counter() - t3
         self.version += 1
         outcome = StepOutcome(self.version, pos.stage, False, "", metrics)
         self._record(outcome)
@@ -247,6 +272,7 @@ class Loop:
         return outcome
 
     def _record(self, outcome: StepOutcome) -> None:
+        outcome.metrics["time/step_s"] = time.monotonic() - self._t_start
         if self.metrics is not None:
             self.metrics.write(outcome.version, "step", {**outcome.metrics, "skipped_step": outcome.skipped,
                                                          "skip_reason": outcome.reason})

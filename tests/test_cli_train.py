@@ -19,7 +19,7 @@ def test_dry_run_passes_every_stage(tmp_path):
     assert lines[-1]["dry_run"] == "ok"
     for line in lines[:3]:
         # each attempt ran task groups through the engine and the env workers
-        assert line["groups_started"] >= 1 and line["time_rollout_s"] > 0
+        assert line["groups_started"] >= 1 and line["time/rollout_s"] > 0
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in records] == ["execution", "delegation", "rubric_generation"]
     assert (tmp_path / "run" / "tokenizer.model").is_file()

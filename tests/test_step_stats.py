@@ -1,4 +1,5 @@
-"""Step metrics from tree records: ranking AUC/accuracy over fork groups, supervision counts, tree shape."""
+"""Step metrics from tree records: ranking AUC/accuracy over fork groups, supervision counts and judge tokens,
+tree shape."""
 
 import pytest
 
@@ -15,10 +16,15 @@ def test_ranking_auc_vectors():
 
 def _tree(success, scores, labels):
     root = Node(id="root", goal="g", depth=0, parent_id=None, fork_step=None, env_labels={"success": success})
+    # Two labelled branch nodes as the counterfactual collector records them: one label took a retry without usage.
+    spent = [{"success": True, "calls": 1, "prompt_tokens": 300, "completion_tokens": 20, "unmetered_calls": 0},
+             {"success": False, "calls": 2, "prompt_tokens": 310, "completion_tokens": 25, "unmetered_calls": 1}]
+    kids = {f"b{i}": Node(id=f"b{i}", goal="c", depth=1, parent_id="root", misc={"judge_label": j})
+            for i, j in enumerate(spent)}
     branches = [Branch(branch_index=i, trajectory_id=f"b{i}", depth=1, success=y, score=s)
                 for i, (s, y) in enumerate(zip(scores, labels))]
     group = ForkGroup(id="fg", parent_id="root", fork_step=0, child_depth=1, branches=branches)
-    return Tree(id="t", task_id="task", root_id="root", nodes={"root": root}, fork_groups=[group],
+    return Tree(id="t", task_id="task", root_id="root", nodes={"root": root, **kids}, fork_groups=[group],
                 misc={"stats": {"nodes": 9, "delegations": 1, "max_depth": 1, "completion_tokens": 100,
                                 "agent_errors": 2},
                       "rubric_stats": {"groups": 1, "complete": 1, "rubric_invalid": 0, "scores": 7,
@@ -29,7 +35,13 @@ def test_tree_metrics():
     labels = [True, True, False, False, True, False, False, True]
     scores = [0.9, 0.8, 0.2, 0.85, 0.7, 0.1, None, 0.6]
     m = tree_metrics([_tree(1.0, scores, labels), _tree(0.0, scores, labels)], env="textworld")
-    assert m["root_success"] == 0.5 and m["delegation_rate"] == 1.0 and m["judge_labels"] == 16
+    assert m["root_success"] == 0.5 and m["delegation_rate"] == 1.0
+    # supervision spent, summed over both trees' records
+    assert m["supervision/judge_labels"] == 16 and m["supervision/programmatic_labels"] == 0
+    assert m["supervision/judge_calls"] == 6 and m["supervision/judge_unmetered_calls"] == 2
+    assert m["supervision/judge_prompt_tokens"] == 1220 and m["supervision/judge_completion_tokens"] == 90
+    tc = tree_metrics([_tree(1.0, scores, labels)], env="textcraft")
+    assert tc["supervision/programmatic_labels"] == 8 and tc["supervision/judge_labels"] == 0
     # scored pairs: successes {.9,.8,.7,.6} × failures {.2,.85,.1}: only .9 beats .85, so 3+2+2+2 = 9 of 12
     assert m["rubric_ranking_accuracy"] == pytest.approx(9 / 12) and m["rubric_ranking_auc"] == pytest.approx(9 / 12)
     assert m["score_calls"] == 16 and m["score_invalid"] == 2 and m["agent_errors"] == 4

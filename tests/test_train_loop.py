@@ -101,7 +101,7 @@ def _loop(world, out_dir, *, every=1):
     published = []
 
     async def run_group(task_, stage, version):
-        gen = ScriptedGenerator(tok, script, policy_version=version)
+        gen = ScriptedGenerator(tok, script, policy_version=version, latency_s=0.05)
         return await run_trees([task_], "textcraft", gen, tok, settings, rollouts_per_task=4)
 
     return Loop(state=state, step_fn=make_train_step(cfg, tx), publish=lambda p: published.append(1) or 0,
@@ -121,6 +121,15 @@ def test_loop_trains_checkpoints_and_resumes_exactly(world, tmp_path):
     assert m["grad_norm"] > 0 and m["update_norm"] > 0
     # tree-level metrics: the script solves half of the rollouts; nobody delegates; TextCraft labels programmatic
     assert 0.0 < m["root_success"] < 1.0 and m["delegation_rate"] == 0.0 and m["nodes_per_tree"] == 1.0
+    assert m["supervision/programmatic_labels"] == 0 and m["supervision/judge_calls"] == 0
+    # Wall time by phase: 8 trees × 2 turns of ≥ 50 ms generation, the 4 trees of a group at once (the loop's trace
+    # reached every tree without being passed in); phases lie within the rollout; the attempt covers all parts.
+    assert m["time/generation_busy_s"] >= 8 * 2 * 0.05 and m["time/generation_s"] >= 2 * 2 * 0.05
+    assert m["time/generation_s"] < m["time/generation_busy_s"] and m["time/env_busy_s"] > 0
+    for p in ("generation", "env", "scoring"):
+        assert 0 <= m[f"time/{p}_s"] <= m[f"time/{p}_busy_s"] + 1e-9 and m[f"time/{p}_s"] <= m["time/rollout_s"]
+    assert m["time/scoring_s"] == 0.0 and m["time/rollout_uncovered_s"] >= 0
+    assert m["time/step_s"] >= m["time/rollout_s"] + m["time/train_s"] + m["time/publish_s"] > 0
     from sera_jax.agents.records import read_jsonl
     written = sorted((tmp_path / "a" / "trees").glob("*.jsonl"))
     assert len(written) == 2 and len(list(read_jsonl(written[0]))) == m["trees"]

@@ -152,7 +152,10 @@ class CounterfactualCollector:
         except Exception as e:  # noqa: BLE001  (judge failure → branch excluded, spec §4)
             node.misc["label_error"] = f"{type(e).__name__}: {e}"
             return None
-        node.misc["judge_label"] = {"success": label.success, "reason": label.reason, "error": label.error}
+        # What the label cost is kept with it, so step metrics can sum the supervision spent from the records.
+        node.misc["judge_label"] = {"success": label.success, "reason": label.reason, "error": label.error,
+                                    "calls": label.attempts, "prompt_tokens": label.prompt_tokens,
+                                    "completion_tokens": label.completion_tokens, "unmetered_calls": label.unmetered}
         return label.success
 
     def _annotate(self, req: LaunchRequest, ids: list[str], groups: list[str]) -> None:

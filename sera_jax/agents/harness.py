@@ -2,8 +2,9 @@
 
 ``TreeRun`` holds what every agent of one tree uses: the record being written (``Tree``), the generator, the
 tokenizer, the settings, the tree's root PRNG key, the launcher (invoked at every delegation, see ``launcher.py``)
-and an optional ``Trace``. ``run_episode(episode)`` drives one agent: budget check, loop breaker, one policy turn
-(prompt truncation → ``generator.generate`` → decode), the environment-specific action, then the Turn is appended.
+and a ``Trace`` (``trace.py``: the one given, else the active one, else none). ``run_episode(episode)`` drives one
+agent: budget check, loop breaker, one policy turn (prompt truncation → ``generator.generate`` → decode), the
+environment-specific action, then the Turn is appended.
 Environment specifics live in ``Episode`` subclasses (``codeact.py``, ``textworld.py``).
 
 Untrusted model output never raises out of here: malformed replies are handled by the episodes as turn errors, and
@@ -18,7 +19,6 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import time
 import traceback
 from typing import Any
 
@@ -27,6 +27,7 @@ import jax
 from sera_jax.agents.keys import turn_key
 from sera_jax.agents.records import DelegationPoint, Node, Tree, Turn
 from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.agents.trace import Trace, current_trace, span  # Trace re-exported: callers import it from here
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.sampling.types import Generator
 
@@ -44,32 +45,6 @@ class TurnInfo:
 CURRENT_TURN: contextvars.ContextVar[TurnInfo | None] = contextvars.ContextVar("sera_current_turn", default=None)
 
 
-class Trace:
-    """Timestamped runtime events (``time.monotonic`` seconds), kept out of the records so that records stay
-    replayable; used to show overlap (generation of one tree while another waits on its env)."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def add(self, kind: str, **fields: Any) -> None:
-        self.events.append({"t": time.monotonic(), "kind": kind, **fields})
-
-    def spans(self, start: str, end: str, **match: Any) -> list[tuple[float, float, dict]]:
-        """Returns (t_start, t_end, start event) of each start/end pair with equal tree/node/turn fields."""
-        open_: dict[tuple, dict] = {}
-        out = []
-        for e in self.events:
-            if any(e.get(k) != v for k, v in match.items()):
-                continue
-            ident = (e.get("tree"), e.get("node"), e.get("turn"))
-            if e["kind"] == start:
-                open_[ident] = e
-            elif e["kind"] == end and ident in open_:
-                s = open_.pop(ident)
-                out.append((s["t"], e["t"], s))
-        return out
-
-
 def child_agent_id(parent_id: str, step_index: int, child_index: int) -> str:
     """Returns a sub-agent's id (and node path): ``<parent>/subagent-<parent step>-<child index>``."""
     return f"{parent_id}/subagent-{step_index}-{child_index}"
@@ -81,7 +56,8 @@ class TreeRun:
     def __init__(self, tree: Tree, generator: Generator, tokenizer: Any, settings: RuntimeSettings,
                  root_key: jax.Array, launcher: Any, trace: Trace | None = None):
         self.tree, self.generator, self.tokenizer, self.settings = tree, generator, tokenizer, settings
-        self.root_key, self.launcher, self.trace = root_key, launcher, trace
+        self.root_key, self.trace = root_key, trace if trace is not None else current_trace()
+        self.launcher = _TracedLauncher(launcher, self) if launcher is not None else None
         self.stop_ids = tuple(tokenizer.stop_ids)
         self._child_counts: dict[tuple[str, int], int] = {}
         self._sibling_locks: dict[str, asyncio.Lock] = {}
@@ -89,6 +65,11 @@ class TreeRun:
     def event(self, kind: str, **fields: Any) -> None:
         if self.trace is not None:
             self.trace.add(kind, tree=self.tree.id, **fields)
+
+    def span(self, kind: str, **fields: Any):
+        """Returns a context manager recording a ``kind`` span of this tree (a no-op without a trace)."""
+        return span(kind, self.trace, tree=self.tree.id, **fields) if self.trace is not None \
+            else contextlib.nullcontext()
 
     # -- nodes -----------------------------------------------------------------------------------------------
     def new_node(self, node_id: str, goal: str, *, depth: int, parent_id: str | None, fork_step: int | None,
@@ -134,12 +115,11 @@ class TreeRun:
         key = turn_key(self.root_key, node.id, index)
         info = TurnInfo(self.tree.id, node.id, index, node.depth)
         token = CURRENT_TURN.set(info)
-        self.event("generate_start", node=node.id, turn=index)
         try:
-            result = await asyncio.wait_for(self.generator.generate(prompt.ids, params, key), s.step_timeout_s)
+            with self.span("generate", node=node.id, turn=index):
+                result = await asyncio.wait_for(self.generator.generate(prompt.ids, params, key), s.step_timeout_s)
         finally:
             CURRENT_TURN.reset(token)
-            self.event("generate_end", node=node.id, turn=index)
         ids = [int(t) for t in result.token_ids]
         logprobs = [float(x) for x in result.logprobs]
         turn = Turn(index=index, prompt_ids=list(prompt.ids), completion_ids=ids, logprobs=logprobs,
@@ -147,6 +127,22 @@ class TreeRun:
                     completion_text=tok.decode(ids),
                     misc={"finish_reason": result.finish_reason, "prompt_len": len(prompt.ids), **prompt.info()})
         return turn, tok.decode(ids, skip_special_tokens=True)
+
+
+class _TracedLauncher:
+    """The tree's launcher with every ``launch`` recorded as a ``launch`` span of the delegating agent: a TextCraft
+    cell that calls ``launch_subagent`` waits inside its env span for the whole child, and the phase timing
+    (``trace.phase_times``) takes that wait out of the parent's env time. Other attributes pass through."""
+
+    def __init__(self, inner: Any, run: "TreeRun"):
+        self.inner, self._run = inner, run
+
+    async def launch(self, request: Any) -> Any:
+        with self._run.span("launch", node=request.parent.id, turn=request.fork_step):
+            return await self.inner.launch(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class Episode(abc.ABC):

@@ -11,6 +11,11 @@
 * ``PolicyJudge`` — the ``policy_frozen`` judge: the same prompt and strict parsing, answered by our own engine
   serving a frozen copy of the initial policy (``frozen_policy_engine``), so labels need no network.
 
+Supervision spent: a ``Label`` also says how many requests it took (``attempts``, retries and failures included)
+and their prompt and completion tokens — from the endpoint's ``usage`` field for ``ChatJudge`` (a request without
+one, or without a reply, is counted in ``unmetered``), from the token ids sent and generated for ``PolicyJudge``.
+Every request is a ``judge`` span of the active trace (``trace.py``; back-off sleeps are not inside a span).
+
 The judge prompt (§4): the sub-agent's goal is judged on its own steps and outputs, for its immediate parent; the
 "Root Task" field holds the sub-agent's own goal (a quirk of the reference, kept). Reply: one JSON object
 ``{"success": bool, "reason": str}``; anything else is invalid.
@@ -31,6 +36,7 @@ import jax
 from sera_jax.agents.policy_call import CallSpec, policy_call
 from sera_jax.agents.records import Node
 from sera_jax.agents.rubric import extract_json_object, truncate_context
+from sera_jax.agents.trace import span
 
 JUDGE_SYSTEM = (
     "You judge one sub-agent of a multi-agent system. Decide whether it completed the goal it was assigned and "
@@ -46,13 +52,17 @@ class JudgeUnavailable(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Label:
-    """A branch label: success (None = no label: the branch is excluded), the judge's reason, attempts made, and
-    the last error when no label could be had."""
+    """A branch label: success (None = no label: the branch is excluded), the judge's reason, attempts made (judge
+    requests sent), the last error when no label could be had, and the tokens those requests used (``unmetered``:
+    requests whose token counts are unknown, so the token sums are lower bounds when it is non-zero)."""
 
     success: bool | None
     reason: str = ""
     attempts: int = 0
     error: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    unmetered: int = 0
 
 
 def judge_messages(goal: str, parent_goal: str, node: Node) -> list[dict[str, str]]:
@@ -106,7 +116,7 @@ class ChatJudge:
         self.max_attempts, self.backoff_s = max_attempts, backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
 
-    def _post(self, messages: Sequence[dict]) -> str:
+    def _post(self, messages: Sequence[dict]) -> tuple[str, dict[str, int] | None]:
         body = json.dumps({"model": self.model, "messages": list(messages), "temperature": self.temperature,
                            "max_tokens": self.max_tokens}).encode()
         headers = {"Content-Type": "application/json"}
@@ -118,46 +128,51 @@ class ChatJudge:
         content = payload["choices"][0]["message"]["content"]
         if not isinstance(content, str):
             raise ValueError("message content is not a string")
-        return content
+        return content, usage_tokens(payload)
 
-    async def _attempt(self, messages: Sequence[dict]) -> tuple[str | None, str]:
+    async def _attempt(self, messages: Sequence[dict], node_id: str = "") -> tuple[str | None, str, dict | None]:
+        """Returns (reply text | None, why there is none, token usage | None) of one request."""
         try:
-            return await asyncio.to_thread(self._post, messages), ""
+            with span("judge", node=node_id):
+                text, usage = await asyncio.to_thread(self._post, messages)
+            return text, "", usage
         except urllib.error.HTTPError as e:
-            return None, f"HTTP {e.code} from {self.url}"
+            return None, f"HTTP {e.code} from {self.url}", None
         except (TimeoutError, socket.timeout):
-            return None, f"no reply from {self.url} within {self.timeout_s:g} s"
+            return None, f"no reply from {self.url} within {self.timeout_s:g} s", None
         except urllib.error.URLError as e:
             if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                return None, f"no reply from {self.url} within {self.timeout_s:g} s"
-            return None, f"cannot reach {self.url}: {e.reason}"
+                return None, f"no reply from {self.url} within {self.timeout_s:g} s", None
+            return None, f"cannot reach {self.url}: {e.reason}", None
         except OSError as e:
-            return None, f"cannot reach {self.url}: {e}"
+            return None, f"cannot reach {self.url}: {e}", None
         except (ValueError, KeyError, IndexError, TypeError) as e:
-            return None, f"malformed chat-completions response from {self.url}: {type(e).__name__}: {e}"
+            return None, f"malformed chat-completions response from {self.url}: {type(e).__name__}: {e}", None
 
     async def label(self, node: Node, parent_goal: str = "") -> Label:
         """Returns the judge's label of a finished branch: each of up to ``max_attempts`` tries is one request;
         a transport failure or an invalid reply is retried after back-off. success None = no valid reply."""
         messages = judge_messages(node.goal, parent_goal, node)
         last = ""
+        spent = _Spent()
         for attempt in range(1, self.max_attempts + 1):
-            text, last = await self._attempt(messages)
+            text, last, usage = await self._attempt(messages, node.id)
+            spent.add(usage)
             if text is not None:
                 success, reason, last = parse_judge_reply(text)
                 if success is not None:
-                    return Label(success, reason, attempt)
+                    return Label(success, reason, attempt, **spent.fields())
                 last = f"invalid judge reply: {last}"
             if attempt < self.max_attempts:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
         return Label(None, "", self.max_attempts, f"judge at {self.url} gave no label after {self.max_attempts} "
-                                                  f"attempts: {last}")
+                                                  f"attempts: {last}", **spent.fields())
 
     async def ensure_reachable(self) -> None:
         """Raises JudgeUnavailable (naming the endpoint and the cause) unless the endpoint answers a tiny request."""
         err = ""
         for attempt in range(1, self.max_attempts + 1):
-            text, err = await self._attempt([{"role": "user", "content": 'Reply {"success": true, "reason": ""}'}])
+            text, err, _ = await self._attempt([{"role": "user", "content": 'Reply {"success": true, "reason": ""}'}])
             if text is not None:
                 return
             if attempt < self.max_attempts:
@@ -181,16 +196,49 @@ class PolicyJudge:
         """Returns the frozen policy's label (success None when no attempt gave a valid reply)."""
         messages = judge_messages(node.goal, parent_goal, node)
         last = ""
+        spent = _Spent()
         for attempt in range(1, self.max_attempts + 1):
             r = await policy_call(self.generator, self.tokenizer, messages, self.spec, root_key=self.key,
                                   name=f"judge:{node.id}#{attempt}", tree_id="judge", depth=node.depth)
+            spent.add({"prompt_tokens": len(r.turn.prompt_ids), "completion_tokens": len(r.turn.completion_ids)}
+                      if r.turn is not None else None)
             if r.error:
                 last = r.error
                 continue
             success, reason, last = parse_judge_reply(r.text)
             if success is not None:
-                return Label(success, reason, attempt)
-        return Label(None, "", self.max_attempts, f"frozen-policy judge failed: {last}")
+                return Label(success, reason, attempt, **spent.fields())
+        return Label(None, "", self.max_attempts, f"frozen-policy judge failed: {last}", **spent.fields())
+
+
+def usage_tokens(payload: Any) -> dict[str, int] | None:
+    """Returns {"prompt_tokens", "completion_tokens"} from a chat-completions response's ``usage`` field, or None
+    when it has none (or not as non-negative integers)."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (p, c)):
+        return None
+    return {"prompt_tokens": p, "completion_tokens": c}
+
+
+class _Spent:
+    """Token usage summed over one label's requests; a request without a count is ``unmetered``."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = self.completion_tokens = self.unmetered = 0
+
+    def add(self, usage: dict[str, int] | None) -> None:
+        if usage is None:
+            self.unmetered += 1
+        else:
+            self.prompt_tokens += usage["prompt_tokens"]
+            self.completion_tokens += usage["completion_tokens"]
+
+    def fields(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "unmetered": self.unmetered}
 
 
 def frozen_policy_engine(model_cfg: Any, params: Any, engine_config: Any, tokenizer: Any) -> Any:

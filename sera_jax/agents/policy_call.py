@@ -7,6 +7,9 @@ ids, behaviour logprobs, policy version) so that a rubric-generation call can la
 
 Calls are named by a ``TurnInfo`` whose ``node_id`` is ``"<call kind>:<subject>"`` (e.g. ``rubric:root/subagent-1-0``)
 so that test doubles and traces can tell them from agent turns; their PRNG key folds that name into the tree key.
+Each call is a span of the active trace (``trace.py``) whose kind is the name's prefix when it is ``rubric``, ``score``
+or ``judge`` (else ``call``), so that step metrics can put rubric writing under generation and scoring and judging
+under scoring.
 A generator error never propagates: it comes back as ``CallResult.error`` (the policy client makes one attempt and
 an error makes the call invalid, spec §3.5).
 """
@@ -22,6 +25,7 @@ import jax
 from sera_jax.agents.harness import CURRENT_TURN, TurnInfo
 from sera_jax.agents.keys import turn_key
 from sera_jax.agents.records import Turn
+from sera_jax.agents.trace import SIDE_CALL_KINDS, span
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.sampling.types import SamplingParams
 
@@ -63,9 +67,11 @@ async def policy_call(generator: Any, tokenizer: Any, messages: Sequence[dict], 
     except Exception as e:  # noqa: BLE001  (an unencodable request is just an invalid call)
         return CallResult(None, "", f"request could not be built: {type(e).__name__}: {e}")
     token = CURRENT_TURN.set(TurnInfo(tree_id, name, 0, depth))
+    kind = name.split(":", 1)[0]
     try:
-        coro = generator.generate(prompt.ids, params, key)
-        result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
+        with span(kind if kind in SIDE_CALL_KINDS else "call", tree=tree_id, node=name, turn=0):
+            coro = generator.generate(prompt.ids, params, key)
+            result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001  (spec §3.5: a request error makes the call invalid, no retry)

@@ -1,5 +1,6 @@
 """Branch labels: the chat-completions judge against a real local HTTP server (success, garbage, timeout, 5xx then
-success, unreachable), strict reply parsing, the programmatic TextCraft label and the frozen-policy judge."""
+success, unreachable, token usage), strict reply parsing, the programmatic TextCraft label and the frozen-policy
+judge (its token counts and trace spans)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sera_jax.agents.judge import (ChatJudge, JudgeUnavailable, PolicyJudge, ProgrammaticJudge, judge_messages,
-                                   make_judge, parse_judge_reply)
+                                   make_judge, parse_judge_reply, usage_tokens)
 from sera_jax.agents.records import Node, Turn
 from sera_jax.agents.scripted import ScriptedGenerator
+from sera_jax.agents.trace import Trace, tracing
 
 
 class ChatServer:
@@ -39,7 +41,11 @@ class ChatServer:
                     self.send_response(arg)
                     self.end_headers()
                     return
-                data = (json.dumps({"choices": [{"message": {"role": "assistant", "content": arg}}]}).encode()
+                usage = None
+                if kind == "usage":  # a reply with the usage field the endpoint reports
+                    (arg, usage), kind = arg, "reply"
+                reply = {"choices": [{"message": {"role": "assistant", "content": arg}}]}
+                data = (json.dumps({**reply, **({"usage": usage} if usage else {})}).encode()
                         if kind == "reply" else arg.encode())
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -122,6 +128,34 @@ def test_5xx_then_success_on_retry():
         srv.close()
 
 
+def test_token_usage_is_summed_over_requests_and_traced():
+    """A 5xx (no reply, so no usage), an invalid reply with usage, then a valid one with usage: 3 judge requests,
+    tokens summed over the two that reported usage, one unmetered, and 3 ``judge`` spans in the active trace."""
+    ok = '{"success": true, "reason": "ok"}'
+    srv = ChatServer([("status", 500), ("usage", ("no json", {"prompt_tokens": 410, "completion_tokens": 7})),
+                      ("usage", (ok, {"prompt_tokens": 412, "completion_tokens": 11, "total_tokens": 423}))])
+    trace = Trace()
+    try:
+        with tracing(trace):
+            label = _label(ChatJudge(srv.url, "m", max_attempts=3, backoff_s=0.01))
+        assert (label.success, label.attempts, label.unmetered) == (True, 3, 1)
+        assert (label.prompt_tokens, label.completion_tokens) == (822, 18)
+        spans = trace.intervals("judge")
+        assert len(spans) == 3 and all(e["node"] == "root/subagent-0-0" for _, _, e in spans)
+    finally:
+        srv.close()
+    srv = ChatServer([("reply", ok)])  # an endpoint that reports no usage: the call is unmetered
+    try:
+        label = _label(ChatJudge(srv.url, "m"))
+        assert (label.attempts, label.prompt_tokens, label.completion_tokens, label.unmetered) == (1, 0, 0, 1)
+    finally:
+        srv.close()
+    assert usage_tokens({"usage": {"prompt_tokens": 3, "completion_tokens": 2}}) == {"prompt_tokens": 3,
+                                                                                     "completion_tokens": 2}
+    assert usage_tokens({"usage": {"prompt_tokens": "3", "completion_tokens": 2}}) is None
+    assert usage_tokens({"usage": None}) is None and usage_tokens([]) is None
+
+
 def test_unreachable_gives_a_clear_error():
     srv = ChatServer([])
     url = srv.url
@@ -158,8 +192,16 @@ def test_policy_frozen_judge(tok):
     gen = ScriptedGenerator(tok, lambda info, ids: next(replies))
     judge = make_judge("textworld_sync", {"kind": "policy_frozen"}, generator=gen, tokenizer=tok)
     assert isinstance(judge, PolicyJudge)
-    label = _label(judge)
+    trace = Trace()
+    with tracing(trace):
+        label = _label(judge)
     assert (label.success, label.attempts) == (True, 2)
     assert [c[2].node_id for c in gen.calls] == ["judge:root/subagent-0-0#1", "judge:root/subagent-0-0#2"]
+    # Tokens: the prompt ids sent and the completion ids generated, over both attempts ("hmm" + <|im_end|>, …).
+    assert label.prompt_tokens == sum(c[3] for c in gen.calls) > 0
+    replied = len(tok.encode("hmm")) + len(tok.encode('{"success": true, "reason": "fine"}'))
+    assert label.completion_tokens == replied + 2 and label.unmetered == 0
+    assert [e["node"] for _, _, e in trace.intervals("judge")] == ["judge:root/subagent-0-0#1",
+                                                                   "judge:root/subagent-0-0#2"]
     assert judge_messages("g", "p", _node())[0]["role"] == "system"
     assert isinstance(make_judge("textcraft"), ProgrammaticJudge)
