@@ -5,7 +5,15 @@ in the pool (reached through its block table) and ``T`` new tokens at positions 
 attends to every cached token and to the new tokens ``0..t`` (causal). Decode is the ``T = 1`` case. Rows are ragged:
 each has its own ``ctx_len``; cache slots past it are masked, so whatever an unused block holds is never read.
 
-A GPU Pallas kernel (a later issue) replaces ``paged_attention`` behind this same signature.
+A GPU Pallas kernel (``sera_jax.kernels``) replaces ``paged_attention`` behind this same signature.
+
+Decode on the reference backend takes a cheaper route to the same numbers (``device_loop.decode_chunk``): a chunk's
+rows gather their blocks of every layer once, into a dense window per layer (``gather_window``); each step appends
+its new key/value to the window (``append_window``) and attends over it (``window_decode_attention``). Gathering
+per layer per step instead (``paged_attention`` with T = 1) re-reads and copies the whole context every step; on CPU
+that, not the matmuls, dominated decode at batch 32. Appending before attending lets XLA update the window in place
+(reading the old window and then writing it would make XLA copy it every step). The window holds keys transposed
+([B, K, E, S]) so that the score sum over ``E`` and the value sum over ``S`` both vectorise along contiguous axes.
 """
 
 from __future__ import annotations
@@ -46,6 +54,50 @@ def paged_attention(q_BTHE: Float[Array, "B T H E"], k_BTKE: Float[Array, "B T K
     out = (jnp.einsum("bkgts,bske->btkge", p_cache, v_cache.astype(dt), preferred_element_type=jnp.float32)
            + jnp.einsum("bkgts,bske->btkge", p_new, v_BTKE.astype(dt), preferred_element_type=jnp.float32))
     return out.reshape(b, t, h, e).astype(q_BTHE.dtype)
+
+
+def gather_window(k_pool: Float[Array, "L N S K E"], v_pool: Float[Array, "L N S K E"], layer: int,
+                  block_table_BW: Int[Array, "B W"]):
+    """Returns (k [B, K, E, W*S], v [B, K, W*S, E]): layer ``layer``'s blocks of each row, in order, densely.
+
+    Column ``s`` of row ``b`` is the row's token at position ``s`` (whatever the pool holds past the row's length).
+    """
+    _, _, s, kv, e = k_pool.shape
+    b, w = block_table_BW.shape
+    k = k_pool[layer, block_table_BW].transpose(0, 3, 4, 1, 2).reshape(b, kv, e, w * s)
+    v = v_pool[layer, block_table_BW].transpose(0, 3, 1, 2, 4).reshape(b, kv, w * s, e)
+    return k, v
+
+
+def window_decode_attention(q_B1HE: Float[Array, "B 1 H E"], k_win_BKEW: Float[Array, "B K E W"],
+                            v_win_BKWE: Float[Array, "B K W E"], n_B: Int[Array, "B"]) -> Float[Array, "B 1 H E"]:
+    """Returns one decode step's attention output [B, 1, H, E] (q's dtype) over the first ``n[b]`` window columns.
+
+    The new token's own key/value must already be in the window (``append_window``), so a row's context is exactly
+    its first ``n`` columns: the same result as ``paged_attention`` with T = 1 over the blocks the window was
+    gathered from, with ``ctx_len = n - 1`` (fp32 throughout).
+    """
+    b, _, h, e = q_B1HE.shape
+    kv, w = k_win_BKEW.shape[1], k_win_BKEW.shape[-1]
+    g = h // kv
+    f32 = jnp.float32
+    q = q_B1HE.reshape(b, kv, g, e).astype(f32) * e ** -0.5
+    # Scores [B, K, G, W]: a sum over E (axis -2 of the transposed keys), vectorised along the window.
+    sc = jnp.sum(q[..., None] * k_win_BKEW[:, :, None].astype(f32), axis=-2)
+    ok = (jnp.arange(w)[None, :] < n_B[:, None])[:, None, None, :]
+    m = jnp.max(jnp.where(ok, sc, -jnp.inf), axis=-1, keepdims=True)
+    p = jnp.where(ok, jnp.exp(sc - m), 0.0)
+    out = jnp.sum(p[..., None] * v_win_BKWE[:, :, None].astype(f32), axis=-2) / jnp.sum(p, axis=-1)[..., None]
+    return out.reshape(b, 1, h, e).astype(q_B1HE.dtype)
+
+
+def append_window(k_win: Float[Array, "B K E W"], v_win: Float[Array, "B K W E"], new_k_B1KE: Float[Array, "B 1 K E"],
+                  new_v_B1KE: Float[Array, "B 1 K E"], pos_B: Int[Array, "B"]):
+    """Returns the windows with row ``b``'s new key/value at column ``pos[b]`` (out of range: dropped)."""
+    rows = jnp.arange(k_win.shape[0])
+    k_win = k_win.at[rows, :, :, pos_B].set(new_k_B1KE[:, 0].astype(k_win.dtype), mode="drop")
+    v_win = v_win.at[rows, :, pos_B].set(new_v_B1KE[:, 0].astype(v_win.dtype), mode="drop")
+    return k_win, v_win
 
 
 def select_impl(impl: str | None = None):

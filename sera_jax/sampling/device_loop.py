@@ -20,8 +20,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from sera_jax.model.config import Qwen3Config
-from sera_jax.model.qwen3 import Qwen3
-from sera_jax.sampling.attention import select_impl
+from sera_jax.model.qwen3 import DecoderLayer, Qwen3, rope_tables
+from sera_jax.sampling.attention import (append_window, gather_window, paged_attention, select_impl,
+                                         window_decode_attention)
 from sera_jax.sampling.paged_cache import Pool, write_kv, write_slots
 from sera_jax.sampling.sample import sample_tokens
 
@@ -29,6 +30,10 @@ RowState = dict[str, jax.Array]
 # {"temperature": [b] f32, "top_p": [b] f32, "key": [b, 2] uint32, "stop_ids": [b, S] int32 (-1 pads),
 #  "max_new": [b] int32}
 RowConfig = dict[str, jax.Array]
+
+# The reference decode gathers a chunk's context once into a dense window (see attention.py) when the window of all
+# layers, keys and values, fits in this many bytes; past it (huge contexts) it gathers per layer per step instead.
+MAX_WINDOW_BYTES = 1 << 30
 
 
 def init_state(rows: int) -> RowState:
@@ -52,6 +57,55 @@ def run_model(params, cfg: Qwen3Config, pool: Pool, tokens_BT: Int[Array, "B T"]
     layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     return Qwen3(cfg, _paged_attention_fn).apply({"params": params}, tokens_BT, positions_BT, layers, aux,
                                                  method=Qwen3.trunk_and_unembed)
+
+
+def _window_attention_fn(q, k, v, window, aux):
+    # The layer's "cache" is its dense window: append the new k/v (in place), then attend over len + 1 columns.
+    k_win, v_win = append_window(window["k"], window["v"], k, v, aux["pos"])
+    out = window_decode_attention(q, k_win, v_win, aux["len"] + 1)
+    return out, {"k": k_win, "v": v_win, "new_k": k, "new_v": v}
+
+
+def _embed(module: Qwen3, tokens):
+    return module.embed(tokens).astype(module.cfg.compute_dtype)
+
+
+def _head(module: Qwen3, x):
+    return module.final_norm(x), module.unembed_matrix()
+
+
+def split_layers(params, num_layers: int) -> list:
+    """Returns one parameter tree per decoder layer (the layer axis sliced off ``params["layers"]``)."""
+    return [jax.tree.map(lambda p, i=i: p[i], params["layers"]) for i in range(num_layers)]
+
+
+def run_model_window(params, layers: list, cfg: Qwen3Config, windows: list[dict[str, jax.Array]],
+                     tokens_B1: Int[Array, "B 1"], len_B: Int[Array, "B"], write_B: Int[Array, "B"]):
+    """Returns (hidden [B, 1, D], unembed [D, V], per layer {"k", "v": the window with the new token written at
+    column ``write`` (out of range: not written), "new_k", "new_v": [B, 1, K, E]}) of one decode step over per-layer
+    dense windows ({"k": [B, K, E, W], "v": [B, K, W, E]} from ``gather_window``) of ``len`` tokens each.
+
+    The same computation as ``Qwen3.trunk_and_unembed`` (its own modules, applied layer by layer), but unrolled over
+    layers with the per-layer weights (``split_layers``) sliced once per chunk: under the model's layer scan, XLA's
+    CPU backend copies every layer's weights and window out of the stacked arrays at every step.
+    """
+    model = Qwen3(cfg, _window_attention_fn)
+    x = model.apply({"params": params}, tokens_B1, method=_embed)
+    cos, sin = rope_tables(len_B[:, None], cfg.head_dim, cfg.rope_theta)
+    layer = DecoderLayer(cfg, _window_attention_fn)
+    new = []
+    for p, win in zip(layers, windows):
+        x, kv = layer.apply({"params": p}, x, win, cos, sin, {"len": len_B, "pos": write_B})
+        new.append(kv)
+    hidden, unembed = model.apply({"params": params}, x, method=_head)
+    return hidden, unembed, new
+
+
+def uses_window(pool: Pool, b: int, w: int) -> bool:
+    """Returns whether ``decode_chunk`` takes the dense-window route for ``b`` rows of ``w`` blocks (static)."""
+    l, _, s, kv, e = pool["k"].shape
+    nbytes = 2 * l * b * w * s * kv * e * pool["k"].dtype.itemsize
+    return select_impl() is paged_attention and nbytes <= MAX_WINDOW_BYTES
 
 
 def _hits_stop(tokens_B, stop_ids_BS):
@@ -87,23 +141,31 @@ def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"
     """Decodes up to ``steps`` tokens for the first ``B`` rows in one ``lax.while_loop``.
 
     Rows not ``alive`` (retired or cancelled on the host) are finished before the first step. The loop stops early
-    once every row is done. Returns (pool, state, tokens [B, steps] (-1 where the row produced nothing),
-    logprobs [B, steps] fp32 at temperature 1).
+    once every row is done. On the reference backend the rows' context is gathered once per chunk into a dense
+    window that each step appends to (``uses_window``); with the Pallas kernel each step reads the pool. Returns
+    (pool, state, tokens [B, steps] (-1 where the row produced nothing), logprobs [B, steps] fp32 at temperature 1).
     """
-    b = table_BW.shape[0]
+    b, w = table_BW.shape
+    window = uses_window(pool, b, w)
     st = {k: v[:b] for k, v in state.items()}
     done0 = st["done"] | ~alive_B
     out_tok = jnp.full((b, steps), -1, jnp.int32)
     out_lp = jnp.zeros((b, steps), jnp.float32)
 
     def cond(c):
-        return (c[0] < steps) & jnp.any(~c[5])
+        return (c[0] < steps) & jnp.any(~c[6])
 
     def body(c):
-        i, pool, tok, ln, ng, done, out_tok, out_lp = c
+        i, pool, win, tok, ln, ng, done, out_tok, out_lp = c
         active = ~done
         pos = ln[:, None]
-        hidden, unembed, kv = run_model(params, cfg, pool, tok[:, None], pos, table_BW, ln)
+        if window:
+            out = run_model_window(params, layers, cfg, win, tok[:, None], ln, jnp.where(active, ln, w * block_size))
+            hidden, unembed, per_layer = out
+            win = [{"k": o["k"], "v": o["v"]} for o in per_layer]
+            kv = {name: jnp.stack([o["new_" + name] for o in per_layer]) for name in ("k", "v")}
+        else:
+            hidden, unembed, kv = run_model(params, cfg, pool, tok[:, None], pos, table_BW, ln)
         pool = write_kv(pool, kv["k"], kv["v"], write_slots(table_BW, pos, active[:, None], block_size))
         logits = jnp.einsum("bd,dv->bv", hidden[:, 0], unembed, preferred_element_type=jnp.float32)
         new, lp = sample_tokens(logits, rows["temperature"], rows["top_p"], rows["key"], ng)
@@ -112,10 +174,13 @@ def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"
         step = active.astype(jnp.int32)
         ln, ng = ln + step, ng + step
         done = done | (active & (_hits_stop(new, rows["stop_ids"]) | (ng >= rows["max_new"])))
-        return i + 1, pool, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp
+        return i + 1, pool, win, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp
 
-    carry = (jnp.int32(0), pool, st["token"], st["len"], st["n_gen"], done0, out_tok, out_lp)
-    _, pool, tok, ln, ng, done, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
+    layers = split_layers(params, cfg.num_layers) if window else []
+    win = [dict(zip(("k", "v"), gather_window(pool["k"], pool["v"], i, table_BW))) for i in range(cfg.num_layers)
+           ] if window else []
+    carry = (jnp.int32(0), pool, win, st["token"], st["len"], st["n_gen"], done0, out_tok, out_lp)
+    _, pool, _, tok, ln, ng, done, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
     new_rows = {"token": tok, "len": ln, "n_gen": ng, "done": done}
     state = {k: state[k].at[:b].set(new_rows[k]) for k in state}
     return pool, state, out_tok, out_lp

@@ -63,3 +63,34 @@ def test_sampler_greedy_top_p_and_per_row_keys():
     tok_a, _ = sample(logits[:2], temp[:2] * 0 + 1, top_p[:2] * 0 + 1, keys[:2], jnp.array([3, 3]))
     tok_b, _ = sample(logits[1:], temp[1:] * 0 + 1, top_p[1:] * 0 + 1, keys[1:], jnp.array([3, 3, 3]))
     assert int(tok_a[1]) == int(tok_b[0])
+
+
+def test_window_decode_equals_paged_decode():
+    """The reference decode route (gather once, append, attend over the window) equals paged_attention with T = 1."""
+    from sera_jax.sampling.attention import append_window, gather_window, window_decode_attention
+
+    rs = np.random.RandomState(1)
+    layers, b, h, kv, e, s, n_blocks, w = 2, 3, 4, 2, 8, 4, 20, 4
+    k_pool = jnp.asarray(rs.randn(layers, n_blocks, s, kv, e).astype(np.float32))
+    v_pool = jnp.asarray(rs.randn(layers, n_blocks, s, kv, e).astype(np.float32))
+    table = rs.permutation(np.arange(1, n_blocks))[: b * w].reshape(b, w).astype(np.int32)
+    ctx = np.array([0, 7, 15], np.int32)  # cached tokens per row (15 = the window's last free column)
+    q = rs.randn(b, 1, h, e).astype(np.float32)
+    k_new = rs.randn(b, 1, kv, e).astype(np.float32)
+    v_new = rs.randn(b, 1, kv, e).astype(np.float32)
+    for layer in range(layers):
+        want = paged_attention(q, k_new, v_new, k_pool, v_pool, jnp.int32(layer), table, ctx)
+        k_win, v_win = gather_window(k_pool, v_pool, layer, table)
+        assert k_win.shape == (b, kv, e, w * s) and v_win.shape == (b, kv, w * s, e)
+        k_win, v_win = append_window(k_win, v_win, k_new, v_new, ctx)
+        got = window_decode_attention(q, k_win, v_win, ctx + 1)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        # The append wrote the new token at column ctx[b] and nothing else.
+        for r in range(b):
+            np.testing.assert_array_equal(k_win[r, :, :, ctx[r]], k_new[r, 0])
+            np.testing.assert_array_equal(v_win[r, :, ctx[r]], v_new[r, 0])
+    # An out-of-range column (a finished row) is not written.
+    k_win, v_win = gather_window(k_pool, v_pool, 0, table)
+    k2, v2 = append_window(k_win, v_win, k_new, v_new, np.full(b, w * s, np.int32))
+    np.testing.assert_array_equal(k2, k_win)
+    np.testing.assert_array_equal(v2, v_win)
