@@ -5,6 +5,8 @@ so the selectors take the reference as an argument instead of importing it: this
 the engine in the import order. Override with the environment variable ``SERA_ATTENTION_IMPL``:
 
   ``reference``  always the reference;   ``pallas``  the Pallas kernels (interpreted off GPU: slow, for testing);
+  ``blockwise``  training attention in pure-JAX query blocks (``blockwise_attention.py``; the default off GPU for
+                 training, where it beats XLA's dense attention; paged decode keeps its reference);
   ``cudnn``      training attention through ``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN's fused
                  kernel has no segment-id input in the public API, so the packed mask goes in as a dense boolean
                  [B, 1, T, T] mask, which JAX turns into an additive bias that cuDNN reads from HBM.
@@ -21,11 +23,12 @@ import jax.numpy as jnp
 
 from sera_jax.kernels import sharding
 from sera_jax.kernels._common import on_gpu
+from sera_jax.kernels.blockwise_attention import blockwise_training_attention
 from sera_jax.kernels.flash_attention import flash_attention
 from sera_jax.kernels.paged_attention import paged_attention as paged_attention_kernel
 from sera_jax.kernels.sharding import logical_shard_map
 
-IMPLS = ("reference", "pallas", "cudnn")
+IMPLS = ("reference", "pallas", "cudnn", "blockwise")
 ENV = "SERA_ATTENTION_IMPL"
 
 
@@ -67,8 +70,11 @@ def cudnn_training_attention(q_BTHE, k_BTKE, v_BTKE, layer_cache, aux):
 
 
 def select_training_attention(reference: Callable, impl: str | None = None) -> Callable:
-    """Returns the training attention_fn (signature of ``dense_attention``) for ``impl`` (see ``resolve_impl``)."""
-    impl = resolve_impl(impl)
+    """Returns the training attention_fn (signature of ``dense_attention``) for ``impl`` (see ``resolve_impl``;
+    unset off GPU: ``blockwise``)."""
+    impl = resolve_impl(impl or os.environ.get(ENV) or ("pallas" if on_gpu() else "blockwise"))
+    if impl == "blockwise":
+        return functools.partial(blockwise_training_attention, reference=reference)
     if impl == "pallas":
         return flash_training_attention
     if impl == "cudnn":
@@ -82,4 +88,4 @@ def select_paged_attention(reference: Callable, impl: str | None = None) -> Call
     ``cudnn`` has no paged form, so it means the Pallas kernel here.
     """
     impl = resolve_impl(impl)
-    return reference if impl == "reference" else sharded_paged_attention
+    return reference if impl in ("reference", "blockwise") else sharded_paged_attention

@@ -18,7 +18,9 @@ def test_reference_on_cpu_kernels_on_request(monkeypatch):
     monkeypatch.delenv(select.ENV, raising=False)
     assert jax.default_backend() == "cpu"
     assert select.resolve_impl() == "reference"
-    assert select.select_training_attention(dense_attention) is dense_attention
+    # training on CPU: blockwise attention (dense for short rows); the reference on request
+    assert select.select_training_attention(dense_attention).func is select.blockwise_training_attention
+    assert select.select_training_attention(dense_attention, "reference") is dense_attention
     ref = object()
     assert select.select_paged_attention(ref) is ref
     assert select.select_training_attention(dense_attention, "pallas") is select.flash_training_attention
