@@ -93,10 +93,13 @@ def main() -> None:
         save_pretrained(cfg, params, d)
         hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
 
+    # Prefill batches reach the largest decode batch, so a burst of short prompts is admitted in one round (as
+    # transformers prefills its whole batch at once) rather than in staggered groups that then decode out of step.
     ec = EngineConfig(max_batch=max(batches), block_size=16, num_blocks=2048, max_context=shared_len + 256,
-                      chunk_steps=32, max_prefill_len=shared_len, max_prefill_batch=8,
+                      chunk_steps=32, max_prefill_len=shared_len, max_prefill_batch=max(batches),
                       max_prefill_tokens=4 * shared_len, dtype="float32", batch_buckets=batches,
-                      prefill_batch_buckets=(1, 8), prefill_len_buckets=(16, 64, shared_len),
+                      prefill_batch_buckets=tuple(sorted({1, 8, max(batches)})),
+                      prefill_len_buckets=(16, 64, shared_len),
                       width_buckets=(4, 8, 16, 32))
     rs = np.random.RandomState(0)
     greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
