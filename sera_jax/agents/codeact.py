@@ -48,8 +48,9 @@ class CodeActEpisode(Episode):
         else:
             # Built here rather than by the world, whose sub-agent text drops the parent's context (spec §1.1).
             task_text = task_string(self.node.goal, self.node.max_steps)
-        self.messages = [{"role": "system", "content": system_prompt()},
-                         {"role": "user", "content": task_message(task_text)}]
+        style = self.run.settings.prompt_style
+        self.messages = [{"role": "system", "content": system_prompt(style)},
+                         {"role": "user", "content": task_message(task_text, style)}]
 
     def stuck(self) -> bool:
         s = self.run.settings

@@ -69,14 +69,35 @@ message and budget usage. context is optional extra information for it.
 
 FORMAT_REQUEST = ("Reply with exactly one <thought>...</thought> followed by one <python>...</python> block.")
 
+# The compact style (``prompt_style: compact``): the same game, tools and answer format in a few lines, for models
+# too small to use 1,700 tokens of instructions (the tiny CPU default). The paper's runs use the full texts above.
+COMPACT_SYSTEM_PROMPT = """You craft target items in a crafting game from an inventory shared with other agents. Look up recipes with \
+get_info, craft exact amounts (target total = executions x result_count, ingredients = units x executions), \
+delegate intermediate items to sub-agents with await launch_subagent, and call finish when the targets are made. \
+Reply with <thought>...</thought> then <python>...</python>."""
 
-def system_prompt() -> str:
-    """Returns the system message every TextCraft agent (root and sub-agents) gets."""
-    return SYSTEM_PROMPT
+COMPACT_ACTION_SPACE = """get_info(items) view_inventory() craft(ingredients, (item, total)) finish(message) \
+await launch_subagent(targets, context)"""
+
+PROMPT_STYLES = ("paper", "compact")
 
 
-def task_message(task_text: str) -> str:
+def _check_style(style: str) -> None:
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"unknown prompt style {style!r}; expected one of {PROMPT_STYLES}")
+
+
+def system_prompt(style: str = "paper") -> str:
+    """Returns the system message every TextCraft agent (root and sub-agents) gets in ``style``."""
+    _check_style(style)
+    return SYSTEM_PROMPT if style == "paper" else COMPACT_SYSTEM_PROMPT
+
+
+def task_message(task_text: str, style: str = "paper") -> str:
     """Returns the first user message: the task string (goal + budget line), the action space, the format."""
+    _check_style(style)
+    if style == "compact":  # the goal last: a small model copies it from close by
+        return f"# Tools\n{COMPACT_ACTION_SPACE}\n\n# Task\n{task_text}"
     return f"# Task\n{task_text}\n\n# Action Space\n{ACTION_SPACE}\n\n{FORMAT_REQUEST}"
 
 

@@ -104,8 +104,49 @@ def parent_context_block(ctx: RubricContext) -> str:
     return truncate_context("\n\n".join(sections))
 
 
-def rubric_request(ctx: RubricContext, min_items: int = 2) -> list[dict[str, str]]:
-    """Returns the two messages (system, user) of the rubric-writer call."""
+COMPACT_RUBRIC_SYSTEM = ("Before a sub-agent starts, write the rubric that will score its trajectory in [0, 1]. "
+                         "Reply with one JSON object.")
+COMPACT_RUBRIC_FORMAT = ('{"rubric_items": [{"name", "weight", "description"}, ...], "success_gate", '
+                         '"failure_conditions"}')
+COMPACT_SCORE_SYSTEM = ("Score the sub-agent's trajectory under the frozen rubric. Reply with one JSON object: "
+                        '{"success": true|false, "final_score": 0.0 if not success}.')
+
+
+def compact_rubric_request(ctx: RubricContext, min_items: int = 2) -> list[dict[str, str]]:
+    """Returns the rubric-writer messages in the compact style: the parent's task, its delegating action, the
+    delegated task and budget, and the reply format, without the parent's conversation (it is the same few lines
+    for every delegation of a tiny model's tree)."""
+    user = "\n\n".join([
+        "[Parent Task]\n" + ctx.parent_goal,
+        "[Delegation]\n" + ctx.parent_action.strip(),
+        "[Delegated SubAgent Task]\n" + ctx.child_goal,
+        f"[Format] at least {min_items} rubric_items\n" + COMPACT_RUBRIC_FORMAT,
+    ])
+    return [{"role": "system", "content": COMPACT_RUBRIC_SYSTEM}, {"role": "user", "content": user}]
+
+
+def compact_score_request(rubric: dict[str, Any], delegated_task: str, trajectory: dict[str, Any],
+                          final_state: dict[str, Any]) -> list[dict[str, str]]:
+    """Returns the scoring messages in the compact style: the delegated task, the rubric's item names and gate,
+    the child's code and outputs, its finish message and the final state."""
+    steps = "\n".join(f"[{s['step']}] {s['code'].strip()}\n-> {s['output'].strip()} {s['error'].strip()}".rstrip()
+                      for s in trajectory.get("steps", []))
+    items = ", ".join(str(i.get("name", "")) for i in rubric.get("rubric_items", []))
+    user = "\n\n".join([
+        "[Delegated Task]\n" + delegated_task,
+        f"[Rubric]\n{items}; gate: {rubric.get('success_gate', '')}",
+        "[Trajectory]\n" + (steps or "(no steps)"),
+        f"[Finish]\n{trajectory.get('finish_message')}\n[Error]\n{trajectory.get('error_message')}",
+        "[Final State]\n" + dumps(final_state),
+    ])
+    return [{"role": "system", "content": COMPACT_SCORE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def rubric_request(ctx: RubricContext, min_items: int = 2, style: str = "paper") -> list[dict[str, str]]:
+    """Returns the two messages (system, user) of the rubric-writer call (``style`` "compact": see
+    ``compact_rubric_request``)."""
+    if style == "compact":
+        return compact_rubric_request(ctx, min_items)
     low = max(4, min_items)
     user = "\n\n".join([
         "Generate a scoring rubric for the delegated SubAgent task.",
@@ -121,8 +162,11 @@ def rubric_request(ctx: RubricContext, min_items: int = 2) -> list[dict[str, str
 
 
 def score_request(rubric: dict[str, Any], delegated_task: str, trajectory: dict[str, Any],
-                  final_state: dict[str, Any]) -> list[dict[str, str]]:
-    """Returns the two messages of the scoring call: the frozen rubric, the child's own steps, the final state."""
+                  final_state: dict[str, Any], style: str = "paper") -> list[dict[str, str]]:
+    """Returns the two messages of the scoring call: the frozen rubric, the child's own steps, the final state
+    (``style`` "compact": see ``compact_score_request``)."""
+    if style == "compact":
+        return compact_score_request(rubric, delegated_task, trajectory, final_state)
     payload = {"delegated_task": delegated_task, "final_environment_state": final_state,
                "frozen_rubric": rubric, "trajectory": trajectory}
     user = "\n\n".join([

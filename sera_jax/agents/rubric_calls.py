@@ -93,7 +93,8 @@ def rubric_context(parent: Node, messages: list[dict], action: str, state: dict,
 async def write_rubric(run: Any, ctx: RubricContext, spec: CallSpec, name: str, *, min_items: int,
                        depth: int = 0) -> tuple[CallResult, dict | None, str]:
     """Returns (the call, the validated rubric | None, why it is invalid)."""
-    res = await policy_call(run.generator, run.tokenizer, rubric_request(ctx, min_items), spec,
+    messages = rubric_request(ctx, min_items, style=run.settings.prompt_style)
+    res = await policy_call(run.generator, run.tokenizer, messages, spec,
                             root_key=run.root_key, name=name, tree_id=run.tree.id, depth=depth,
                             timeout_s=run.settings.step_timeout_s)
     if res.error:
@@ -105,7 +106,7 @@ async def write_rubric(run: Any, ctx: RubricContext, spec: CallSpec, name: str, 
 async def score_node(run: Any, rubric: dict, node: Node, final_state: dict, spec: CallSpec,
                      name: str) -> tuple[CallResult, Score | None, str]:
     """Returns (the call, the parsed Score | None, why it is invalid) for one finished child under ``rubric``."""
-    messages = score_request(rubric, node.goal, node_view(node), final_state)
+    messages = score_request(rubric, node.goal, node_view(node), final_state, style=run.settings.prompt_style)
     res = await policy_call(run.generator, run.tokenizer, messages, spec, root_key=run.root_key, name=name,
                             tree_id=run.tree.id, depth=node.depth, timeout_s=run.settings.step_timeout_s)
     if res.error:

@@ -39,6 +39,8 @@ class RuntimeSettings:
     sandbox_spares: pre-started TextCraft sandboxes per env worker (0 = start one per agent on demand).
     cell_limits: per-cell sandbox limits (``envs_py.sandbox.Limits``; None = the sandbox defaults).
     subagents_enabled: TextWorld may hide delegation entirely (the flat variant).
+    prompt_style: "paper" (the spec's prompt texts) or "compact" (TextCraft: the same game, tools, format and
+    rubric/score protocol in a few lines, for the tiny CPU default; see ``codeact_prompt`` and ``rubric``).
     """
 
     env: str = TEXTCRAFT
@@ -60,6 +62,7 @@ class RuntimeSettings:
     sandbox_spares: int = 0
     cell_limits: Any = None
     subagents_enabled: bool = True
+    prompt_style: str = "paper"
 
     def __post_init__(self) -> None:
         if self.env not in ENV_NAMES:
@@ -67,6 +70,8 @@ class RuntimeSettings:
         for name in ("max_steps", "max_prompt_tokens", "max_context", "max_new_tokens", "loop_threshold"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.prompt_style not in ("paper", "compact"):
+            raise ValueError(f"prompt_style must be 'paper' or 'compact', got {self.prompt_style!r}")
         if self.max_depth < 0:
             raise ValueError(f"max_depth must be ≥ 0, got {self.max_depth}")
         if self.max_prompt_tokens >= self.max_context:
