@@ -190,4 +190,10 @@ PRESETS: dict[str, Qwen3Config] = {
         vocab_size=512, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2,
         head_dim=16, rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
         max_position_embeddings=4096, logits_chunk=64),
+    # The embedded CPU default's policy (configs/tiny_cpu.yaml): big enough to copy item names and amounts from
+    # observations into code, small enough to train and sample on 2 CPU cores.
+    "tiny-agent": Qwen3Config(
+        vocab_size=1024, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=32, rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        max_position_embeddings=4096, logits_chunk=128),
 }

@@ -172,7 +172,11 @@ class Qwen3(nn.Module):
         cfg = self.cfg
         self.embed = nn.Embed(
             cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-            embedding_init=nn.with_logical_partitioning(_init(1.0), ("vocab", "embed")), name="embed")
+            # Tied: the table is also the output head, so unit-variance rows would give logits of std √hidden
+            # (a random tiny model starting at NLL ≈ 80); untied keeps the usual unit-variance embedding.
+            embedding_init=nn.with_logical_partitioning(
+                _init(cfg.hidden_size ** -0.5 if cfg.tie_word_embeddings else 1.0), ("vocab", "embed")),
+            name="embed")
         layer = DecoderLayer
         if cfg.remat:
             layer = nn.remat(layer, prevent_cse=False)
