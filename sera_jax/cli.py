@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 
 def export_main(argv: list[str] | None = None) -> int:
@@ -78,6 +80,12 @@ def train_main(argv: list[str] | None = None) -> int:
         print(json.dumps(line), flush=True)
 
     if args.dry_run:
+        init = cfg.model.init_from
+        if init is not None and not (Path(init) / "checkpoints").is_dir():
+            # A dry run checks the machinery, not the policy: it does not spend minutes building the warm start.
+            print(f"dry run: no warm start in {init}; starting from random weights", file=sys.stderr)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=None))
+
         async def dry() -> list:
             out = args.out or tempfile.mkdtemp(prefix="sera-dry-run-")
             async with build_loop(cfg, out_dir=out) as loop:
@@ -111,9 +119,45 @@ def train_main(argv: list[str] | None = None) -> int:
             show(o)
 
     try:
-        asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=progress))
+        if cfg.warmstart.enabled:
+            from sera_jax.default_run import run_default
+
+            asyncio.run(run_default(cfg, out_dir=args.out, on_step=progress,
+                                    log=lambda m: bar.write(m)))
+        else:
+            asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=progress))
     finally:
         bar.close()
+    return 0
+
+
+def warmstart_main(argv: list[str] | None = None) -> int:
+    """``sera-warmstart [CONFIG.yaml ...] [a.b=c ...] [--out DIR]``: build the oracle warm start of a config."""
+    p = argparse.ArgumentParser(prog="sera-warmstart", description=(
+        "Supervised warm start on oracle demonstrations (TextCraft): the oracle plays the config's tasks through "
+        "the runtime (acting, delegating, writing rubrics, scoring children); the policy is fine-tuned on them for "
+        "warmstart.steps updates and saved where model.init_from (default: warmstart.out_dir) reads it."))
+    p.add_argument("args", nargs="*", help="config files and a.b=c overrides (default: the tiny CPU config)")
+    p.add_argument("--out", default=None, help="output run directory (default: model.init_from or warmstart.out_dir)")
+    p.add_argument("--ship", action="store_true",
+                   help="build from scratch (never copy the shipped one) and rewrite the package's shipped warm start")
+    args = p.parse_args(argv)
+    from sera_jax.config import ConfigError, load_config, split_cli
+
+    paths, overrides = split_cli(args.args)
+    try:
+        cfg = load_config(paths or [_default_config_path()], overrides, check_paths=True)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if cfg.env.name != "textcraft":
+        print("sera-warmstart: the oracle warm start exists for TextCraft only", file=sys.stderr)
+        return 2
+    from sera_jax.warmstart import ship, warm_start
+
+    out = warm_start(cfg, args.out or cfg.model.init_from or cfg.warmstart.out_dir, use_shipped=not args.ship)
+    if args.ship:
+        print(f"shipped warm start written to {ship(cfg, out)}")
     return 0
 
 
@@ -160,7 +204,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     if args.version is not None and args.checkpoint is None:
         print("--version needs --checkpoint", file=sys.stderr)
         return 2
-    rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf, num_tasks=args.tasks,
+    rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf,
+                               num_tasks=args.tasks if args.tasks is not None else cfg.eval.num_tasks,
                                num_runs=args.runs, on_run=show, version=args.version))
     print(rep["markdown"])
     m, s = rep["mean_std"]["overall"]

@@ -57,6 +57,9 @@ class ModelSection:
     param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None  # master weights; null = preset's
     remat: Optional[bool] = None
     logits_chunk: Optional[int] = None
+    # Initial weights from a run directory's newest checkpoint (e.g. the warm start, ``sera-warmstart``); null =
+    # hf_dir or random init. Ignored when the run directory already has checkpoints (the run resumes instead).
+    init_from: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,9 @@ class MethodSection:
     max_head_offpolicyness: Optional[int] = None
     # Execution-stage rejection of all-equal task groups (§5.6); null = the environment's (TC true, TW false).
     execution_filter_zero_variance_groups: Optional[bool] = None
+    # Completion caps of the rubric-writing and scoring calls; null = the method's (1024 each, spec §3.5).
+    max_rubric_tokens: Optional[int] = None
+    max_scoring_tokens: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +84,9 @@ class EnvSection:
     max_depth: int = 3                   # deepest sub-agent depth (root = 0)
     rules: Literal["reference", "full"] = "reference"  # TextWorld world rules
     num_workers: int = 4                 # env worker processes per host
+    # Prompt texts: "paper" (the spec's) or "compact" (TextCraft: the same game, tools and rubric/score protocol
+    # in a few lines, for the tiny CPU default).
+    prompt_style: Literal["paper", "compact"] = "paper"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +133,8 @@ class JudgeSection:
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
     task_set: str = "val"
+    difficulties: tuple[str, ...] = ()   # () = all difficulties of the eval task set
+    num_tasks: Optional[int] = None      # null = every task of the set (else round-robin over difficulties)
     temperature: float = 0.0
     max_steps: int = 20
     max_completion_tokens: int = 512
@@ -135,6 +146,23 @@ class EvalSection:
     every: int = 0                       # evaluate every N optimizer steps during training (0 = never)
     best_of_n: int = 1                   # test-time selection (N = 2 in the paper's TextWorld runs; both envs here)
     fork_budget: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSection:
+    # Supervised warm start on oracle demonstrations (``sera-warmstart``; TextCraft). With ``enabled``, sera-train
+    # builds it first when model.init_from holds no checkpoint yet.
+    enabled: bool = False
+    out_dir: str = "runs/warmstart"
+    demo_tasks: int = 400                # tasks the oracle plays (sampled from env.task_set / env.difficulties)
+    steps: int = 100                     # SFT updates: the fixed, deliberately partial budget
+    token_budget: int = 8192             # tokens per SFT update
+    lr: float = 1.0e-3
+    warmup_steps: int = 10
+    delegate_prob: float = 0.7           # the oracle delegates a craftable ingredient with this probability
+    fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
+    copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
+    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +179,7 @@ class RunConfig:
     train: TrainSection = TrainSection()
     judge: JudgeSection = JudgeSection()
     eval: EvalSection = EvalSection()
+    warmstart: WarmStartSection = WarmStartSection()
 
     def model_config(self) -> Qwen3Config:
         """Returns the Qwen3Config: the preset (or ``hf_dir``'s config.json when preset is null) + overrides."""
@@ -165,7 +194,8 @@ class RunConfig:
         """Returns the paper method's MethodConfig with this config's schedule/ranking/off-policyness overrides."""
         s = self.method
         base = method_config(s.name)
-        over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness")
+        over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
+                                           "max_rubric_tokens", "max_scoring_tokens")
                 if getattr(s, k) is not None}
         over["seed"] = self.train.seed
         over["concurrent_rollouts"] = self.rollout.groups_in_flight

@@ -68,6 +68,10 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.rollout.groups_in_flight >= 1, "rollout.groups_in_flight", "must be ≥ 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
+    w = cfg.warmstart
+    need(0 <= w.delegate_prob <= 1, "warmstart.delegate_prob", f"must lie in [0, 1], got {w.delegate_prob}")
+    need(0 <= w.fail_prob <= 1, "warmstart.fail_prob", f"must lie in [0, 1], got {w.fail_prob}")
+    need(w.lr > 0, "warmstart.lr", f"must be positive, got {w.lr}")
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must lie in (0, 1]")
     for sec in ("rollout", "eval"):
         s = getattr(cfg, sec)
@@ -87,7 +91,7 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(b.advantage_clip is None or b.advantage_clip > 0, "batch.advantage_clip", "must be positive or null")
 
     tw = cfg.env.name == "textworld_sync"
-    sets = {"train", "test", "validation", "dev", "val", "valid", "sample"} if tw else {"train", "val"}
+    sets = {"train", "test", "validation", "dev", "val", "valid", "sample"} if tw else {"train", "val", "generated"}
     for key, ts in (("env.task_set", cfg.env.task_set), ("eval.task_set", cfg.eval.task_set)):
         need(ts in sets or ts.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")), key,
              f"expected one of {sorted(sets)} or a .json/.jsonl path, got {ts!r}")

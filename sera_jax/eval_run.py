@@ -103,7 +103,8 @@ def eval_settings(cfg: RunConfig, run_index: int = 0) -> RuntimeSettings:
     return RuntimeSettings.for_env(
         cfg.env.name, evaluation=True, max_steps=e.max_steps, max_depth=cfg.env.max_depth,
         max_prompt_tokens=e.max_prompt_tokens, max_context=e.context_tokens, max_new_tokens=e.max_completion_tokens,
-        temperature=e.temperature, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed + run_index)
+        temperature=e.temperature, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed + run_index,
+        prompt_style=cfg.env.prompt_style)
 
 
 def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
@@ -131,11 +132,12 @@ def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
 
 
 def load_eval_tasks(cfg: RunConfig, num_tasks: int | None = None) -> list:
-    """Returns the tasks of ``eval.task_set`` (all difficulties: ``env.difficulties`` selects training tasks only),
+    """Returns the tasks of ``eval.task_set`` of ``eval.difficulties`` (default all; ``env.difficulties`` selects
+    training tasks only),
     ``num_tasks`` of them picked round-robin over difficulties when given."""
     from sera_jax.run import load_env_tasks
 
-    env = dataclasses.replace(cfg.env, task_set=cfg.eval.task_set, difficulties=())
+    env = dataclasses.replace(cfg.env, task_set=cfg.eval.task_set, difficulties=tuple(cfg.eval.difficulties))
     tasks, _ = load_env_tasks(dataclasses.replace(cfg, env=env))
     return pick_tasks(tasks, num_tasks)
 

@@ -29,6 +29,7 @@ from sera_jax.train import DataStream, Loop, StepOutcome, make_meta
 from sera_jax.trainer import make_train_step, shard_train_state
 
 ENV_RUNTIME_NAMES = {"textcraft": "textcraft", "textworld_sync": "textworld_sync"}
+GENERATED_TRAIN_TASKS = 4000
 CREDIT_ENV = {"textcraft": "textcraft", "textworld_sync": "textworld"}
 
 
@@ -37,8 +38,14 @@ def load_env_tasks(cfg: RunConfig) -> tuple[list[Any], list[str]]:
     if cfg.env.name == "textcraft":
         from envs_py.textcraft import load_tasks
 
-        tasks = load_tasks(cfg.env.task_set)
-        files = [cfg.env.task_set] if Path(cfg.env.task_set).is_file() else []
+        if cfg.env.task_set == "generated":
+            from envs_py.textcraft import generate_tasks
+
+            # The generator's train split (train items only: disjoint from every val item), by the upstream rules.
+            tasks, files = generate_tasks("train", n_train=GENERATED_TRAIN_TASKS), []
+        else:
+            tasks = load_tasks(cfg.env.task_set)
+            files = [cfg.env.task_set] if Path(cfg.env.task_set).is_file() else []
     else:
         from envs_py.textworld_sync import generate_tasks, load_tasks
 
@@ -62,7 +69,8 @@ def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
     return RuntimeSettings.for_env(
         cfg.env.name, max_steps=cfg.env.max_steps, max_depth=cfg.env.max_depth, max_prompt_tokens=r.max_prompt_tokens,
         max_context=r.context_tokens, max_new_tokens=r.max_completion_tokens, temperature=r.temperature,
-        top_p=r.top_p, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed)
+        top_p=r.top_p, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed,
+        prompt_style=cfg.env.prompt_style)
 
 
 def engine_config(cfg: RunConfig, model_dtype: str) -> EngineConfig:
@@ -93,6 +101,27 @@ def kv_cache_budget_bytes(fraction: float = 0.35) -> int:
     return int(limit * fraction) if limit else 2 << 30
 
 
+def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
+    """Returns the newest checkpoint's parameters of the run at ``run_dir`` (``model.init_from``, e.g. the warm
+    start), cast to ``model_cfg``'s parameter dtype. Raises ValueError when its architecture differs."""
+    ck_dir = Path(run_dir) / "checkpoints"
+    if not ck_dir.is_dir():
+        raise FileNotFoundError(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
+    ck = Checkpointer(ck_dir)
+    try:
+        saved_cfg, params, _ = ck.restore_model()
+    finally:
+        ck.close()
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "head_dim", "tie_word_embeddings")
+    diff = [f"{f}: {getattr(saved_cfg, f)} vs {getattr(model_cfg, f)}" for f in fields
+            if getattr(saved_cfg, f) != getattr(model_cfg, f)]
+    if diff:
+        raise ValueError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
+    dtype = jax.numpy.dtype(model_cfg.param_dtype)
+    return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
 @contextlib.asynccontextmanager
 async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> AsyncIterator[Loop]:
     """Yields a ready ``Loop`` for ``cfg`` (resumed from the newest checkpoint in the run directory, if any) and
@@ -108,7 +137,9 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
         raise ValueError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
                          f"vocab_size {model_cfg.vocab_size}")
     key = jax.random.key(cfg.train.seed)
-    if cfg.model.hf_dir is not None:
+    if cfg.model.init_from is not None:
+        params = initial_params_from_run(cfg.model.init_from, model_cfg)
+    elif cfg.model.hf_dir is not None:
         _, params = load_pretrained(cfg.model.hf_dir, mesh=mesh, param_dtype=model_cfg.param_dtype,
                                     dtype=model_cfg.dtype)
     else:

@@ -42,6 +42,12 @@ class StepConfig:
     loss: str = "cispo"
     ratio_min: float = 0.0
     ratio_max: float = 5.0
+    # -1 flips every advantage: the control run that must not improve (a sanity check of the learning signal).
+    advantage_sign: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.advantage_sign not in (1.0, -1.0):
+            raise ValueError(f"advantage_sign must be 1 or -1, got {self.advantage_sign}")
 
 
 def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
@@ -79,7 +85,8 @@ def _micro_grads(params, mb: MicroBatch, model_cfg: Qwen3Config, step_cfg: StepC
     def objective(p):
         logp = token_logprobs(p, model_cfg, mb.tokens, mb.targets, mb.segment_ids, mb.positions)
         kw = {"ratio_min": step_cfg.ratio_min, "ratio_max": step_cfg.ratio_max} if step_cfg.loss == "cispo" else {}
-        loss = loss_fn(logp, mb.old_logprobs, mb.advantages, mb.loss_mask, num_tokens=mb.num_tokens, **kw)
+        adv = mb.advantages if step_cfg.advantage_sign == 1.0 else -mb.advantages
+        loss = loss_fn(logp, mb.old_logprobs, adv, mb.loss_mask, num_tokens=mb.num_tokens, **kw)
         return loss, logp
 
     (loss, logp), grads = jax.value_and_grad(objective, has_aux=True)(params)

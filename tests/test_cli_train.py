@@ -28,3 +28,22 @@ def test_dry_run_passes_every_stage(tmp_path):
 def test_config_error_names_the_key(tmp_path):
     out = _run("optim.lr=abc", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 2 and "optim.lr" in out.stderr
+
+
+def test_default_run_end_to_end_shortened(tmp_path):
+    """``sera-train`` with no config file, shortened: the shipped warm start copied into place, an evaluation on
+    Easy validation tasks before and after, one SERA policy version, the learning curve and the summary."""
+    out = _run("--out", str(tmp_path / "run"), f"model.init_from={tmp_path / 'ws'}", "train.total_steps=1",
+               "eval.num_tasks=3", "rollout.tasks_per_step=1", "rollout.groups_in_flight=2", timeout=1500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "shipped" in (out.stdout + out.stderr)
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["versions"] == 1 and summary["eval_tasks"] == 3
+    assert 0.0 <= summary["success_before"] <= 100.0 and 0.0 <= summary["success_after"] <= 100.0
+    for phase in ("eval_before", "eval_after"):
+        rep = json.loads((run / phase / "report.json").read_text())
+        assert rep["num_tasks"] == 3 and list(rep["runs"][0]) == ["easy", "overall"]
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(not r["skipped_step"] for r in steps if r["kind"] == "step")

@@ -111,7 +111,7 @@ def test_overrides_are_coerced_to_the_field_type():
     ("optim.b2=1.5", "optim.b1 / optim.b2 must lie in [0, 1)"),
     ("batch.buckets=256,x", "batch.buckets[1]: expected int, got 'x'"),
     ("batch.buckets=512,256,1024", "batch.buckets: must be strictly increasing"),
-    ("rollout.max_prompt_tokens=2000", "rollout.context_tokens: 2048 < max_prompt_tokens 2000"),
+    ("rollout.max_prompt_tokens=2000", "rollout.context_tokens: 1024 < max_prompt_tokens 2000"),
     ("rollout.trees_per_task=0", "rollout.trees_per_task: must be positive"),
     ("eval.best_of_n=0", "eval.best_of_n: must be positive, got 0"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),

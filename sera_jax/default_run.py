@@ -1,0 +1,108 @@
+"""The embedded default run (``sera-train`` with no argument): warm start → evaluate → SERA training → evaluate.
+
+1. The oracle warm start (``warmstart.py``) is built into ``model.init_from`` unless a checkpoint is already there.
+2. The warm-started policy is evaluated greedily on ``eval.task_set`` / ``eval.difficulties`` (the official Easy
+   validation tasks for the tiny default) — ``eval_before/``.
+3. SERA training runs to ``train.total_steps`` versions (the 16:2:2 stage schedule, the same loop as at scale).
+4. The trained policy is evaluated the same way — ``eval_after/`` — and ``summary.json``/``summary.md`` put both
+   side by side; ``learning_curve.png`` plots root success, rubric ranking accuracy and delegation rate per step.
+
+A rerun resumes: finished evaluations are read back from their reports, training resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from sera_jax.metrics import read_metrics
+
+CURVE_KEYS = (("root_success", "root success (training rollouts)"),
+              ("rubric_ranking_accuracy", "rubric ranking accuracy (fork groups)"),
+              ("delegation_rate", "delegation rate"))
+
+
+def learning_curve(metrics_path: str | Path, png_path: str | Path, *, title: str = "") -> Path:
+    """Writes the learning curve of a run's ``metrics.jsonl`` (one panel per ``CURVE_KEYS`` entry, per attempted
+    step; stages coloured) to ``png_path``; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in read_metrics(metrics_path) if r.get("kind") == "step"]
+    colors = {"execution": "tab:blue", "delegation": "tab:orange", "rubric_generation": "tab:green"}
+    fig, axes = plt.subplots(len(CURVE_KEYS), 1, figsize=(7, 2.4 * len(CURVE_KEYS)), sharex=True)
+    for ax, (key, label) in zip(axes, CURVE_KEYS):
+        pts = [(i, r[key], r.get("stage", "")) for i, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color="0.7", lw=1)
+            for stage, c in colors.items():
+                sel = [p for p in pts if p[2] == stage]
+                ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=14, color=c, label=stage)
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("attempted step (skipped steps included)")
+    if title:
+        axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    png_path = Path(png_path)
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+async def _evaluate(cfg: Any, loop: Any, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Returns the evaluation report in ``out_dir`` (read back when it exists, else run on the loop's engine)."""
+    from sera_jax.eval_run import evaluate
+
+    report_path = out_dir / "report.json"
+    if report_path.is_file():
+        return json.loads(report_path.read_text())
+    rep = await evaluate(cfg, out_dir=out_dir, generator=loop.engine, tokenizer=loop.tokenizer,
+                         num_tasks=cfg.eval.num_tasks)
+    log(f"evaluation ({out_dir.name}): {json.dumps(rep['runs'][0]['overall'])}")
+    return rep
+
+
+def success_rate(rep: dict[str, Any]) -> float:
+    """Returns the overall success rate (%) of an evaluation report (first run)."""
+    return float(rep["overall_rate_mean"])
+
+
+async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: Callable | None = None,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Runs the four phases of the module docstring; returns the summary (also written to ``summary.json``)."""
+    from sera_jax.run import build_loop
+    from sera_jax.warmstart import warm_start
+
+    out = Path(out_dir or cfg.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.warmstart.enabled and cfg.model.init_from is not None:
+        warm_start(cfg, cfg.model.init_from, log=log)
+    async with build_loop(cfg, out_dir=out) as loop:
+        start_version = loop.version
+        before = await _evaluate(cfg, loop, out / "eval_before", log) if start_version == 0 or \
+            (out / "eval_before" / "report.json").is_file() else None
+        outcomes = await loop.run(cfg.train.total_steps, on_step=on_step)
+        after = await _evaluate(cfg, loop, out / "eval_after", log)
+    curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png",
+                           title=f"{cfg.name}: {cfg.method.name} on {cfg.env.name} (seed {cfg.train.seed})")
+    summary = {
+        "eval_task_set": cfg.eval.task_set, "eval_difficulties": list(cfg.eval.difficulties),
+        "success_before": success_rate(before) if before else None, "success_after": success_rate(after),
+        "eval_tasks": after.get("num_tasks"), "versions": loop.version, "attempts_this_run": len(outcomes),
+        "skipped_this_run": sum(o.skipped for o in outcomes), "learning_curve": str(curve),
+        "advantage_sign": cfg.step.advantage_sign, "seed": cfg.train.seed,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    before_txt = f"{summary['success_before']:.1f}%" if before else "n/a (resumed run)"
+    (out / "summary.md").write_text(
+        f"# {cfg.name}\n\nHeld-out success ({cfg.eval.task_set}, {', '.join(cfg.eval.difficulties) or 'all'}; "
+        f"{summary['eval_tasks']} tasks, greedy): before {before_txt} → after {summary['success_after']:.1f}% "
+        f"after {summary['versions']} policy versions.\n\n![learning curve](learning_curve.png)\n")
+    log(f"held-out success: before {before_txt} -> after {summary['success_after']:.1f}%  ({out / 'summary.md'})")
+    return summary

@@ -1,0 +1,138 @@
+"""A TextCraft oracle policy: gold plans rendered as agent replies, rubrics and scores (the warm start's teacher).
+
+``TextCraftOracle`` is a ``ScriptedGenerator`` script (``script(info, prompt_ids) -> reply text``): run through the
+real runtime (sandboxed cells, env workers, the rubric coordinator), it produces the conversations, rubric calls and
+score calls that ``sera-warmstart`` imitates — token for token what the runtime sends and receives. It knows the
+recipe book (it is the oracle) and reads only its goal from the prompt:
+
+- an agent writes the plan as code in three cells. It copies its goal (item and count) into variables and looks the
+  recipe up; then, while its depth allows (and with probability ``delegate_prob``), it delegates every craftable
+  ingredient in the amount the recipe needs (``await launch_subagent`` in a loop), otherwise it crafts the whole
+  chain itself with a small recursive function; last, it crafts the target with the exact amounts and finishes.
+  The amounts are computed by the code from ``get_info`` (executions = ⌈count / result_count⌉), so what a model
+  must get right is copying its goal and reproducing the program — the skill a tiny model can learn on a CPU;
+- a sub-agent is *sabotaged* with probability ``fail_prob``: its final craft asks for one item more than the
+  recipe yields (the craft fails) and it finishes anyway — so the scorer has failures to learn from;
+- a rubric is a short JSON naming the delegated goal; a score is ``{"success": …, "final_score": …}`` from the
+  child's true outcome (sabotaged ⇒ 0).
+Randomness is a hash of (seed, tree, node): a tree replays exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from typing import Any, Sequence
+
+from envs_py.textcraft.recipes import RecipeBook
+
+_GOAL = re.compile(r"Your Goal: Craft the following items: ([^\n]*)")
+_TARGET = re.compile(r"(\d+)x ([A-Za-z0-9_]+)")
+_DELEGATED = re.compile(r"\[Delegated SubAgent Task\]\n([^\n]*)")
+
+
+def reply(thought: str, code: str) -> str:
+    """Returns a CodeAct reply: one thought and one python block."""
+    return f"<thought>{thought}</thought>\n<python>{code}</python>"
+
+
+def parse_targets(text: str) -> dict[str, int]:
+    """Returns the targets of the first ``Your Goal: Craft the following items: …`` line of ``text`` ({} if none)."""
+    m = _GOAL.search(text)
+    if not m:
+        return {}
+    return {item: int(n) for n, item in _TARGET.findall(m.group(1).split("Context provided", 1)[0])}
+
+
+def rubric_text(child_goal: str) -> str:
+    """Returns the oracle's rubric for a delegation whose goal is ``child_goal``."""
+    goal = child_goal.replace("Craft the following items: ", "")
+    return json.dumps({
+        "rubric_items": [
+            {"name": "crafted", "weight": 0.8, "description": f"the shared inventory gains {goal}"},
+            {"name": "finished", "weight": 0.2, "description": "calls finish after crafting"}],
+        "success_gate": f"{goal} crafted",
+        "failure_conditions": ["a craft fails", "finish before crafting"]})
+
+
+def score_text(success: bool) -> str:
+    """Returns the oracle's score of a child that did (or did not) complete its task."""
+    return json.dumps({"success": success, "final_score": 1.0 if success else 0.0})
+
+
+class TextCraftOracle:
+    """The oracle script (see the module docstring); ``sabotaged`` holds (tree id, node id) of failed children."""
+
+    def __init__(self, book: RecipeBook, tokenizer: Any, *, max_depth: int = 2, delegate_prob: float = 0.85,
+                 fail_prob: float = 0.25, seed: int = 0):
+        self.book, self.tokenizer = book, tokenizer
+        self.max_depth, self.delegate_prob, self.fail_prob, self.seed = max_depth, delegate_prob, fail_prob, seed
+        self.plans: dict[tuple[str, str], list[str]] = {}
+        self.sabotaged: set[tuple[str, str]] = set()
+
+    def _rng(self, *parts: str) -> random.Random:
+        h = hashlib.blake2b("|".join((str(self.seed),) + parts).encode(), digest_size=8).digest()
+        return random.Random(int.from_bytes(h, "little"))
+
+    def __call__(self, info: Any, prompt_ids: Sequence[int]) -> str:
+        text = self.tokenizer.decode(list(prompt_ids))
+        if info.node_id.startswith("rubric:"):
+            m = _DELEGATED.search(text)
+            return rubric_text(m.group(1) if m else "")
+        if info.node_id.startswith("score:"):
+            child = info.node_id.split(":", 1)[1].split("#", 1)[0]
+            return score_text((info.tree_id, child) not in self.sabotaged)
+        key = (info.tree_id, info.node_id)
+        if key not in self.plans:
+            self.plans[key] = self.plan(parse_targets(text), info.depth, key)
+        replies = self.plans[key]
+        return replies[min(info.turn, len(replies) - 1)]
+
+    def plan(self, targets: dict[str, int], depth: int, key: tuple[str, str] = ("", "")) -> list[str]:
+        """Returns the replies of an agent at ``depth`` whose goal is ``targets`` (its first target), turn by turn."""
+        if not targets:
+            return [reply("I have no target.", "finish('no target')")]
+        rng = self._rng(*key)
+        item, n = next(iter(targets.items()))
+        replies = [reply("Read the goal and look up its recipe.",
+                         f"t, n = {item!r}, {n}\nr = get_info([t])[0]['recipes'][0]\nprint(r)")]
+        craftable = [k for k in self.book.recipe(item).ingredients if self.book.can_craft(k)] \
+            if self.book.recipe(item) is not None else []
+        if craftable:
+            if depth < self.max_depth and rng.random() < self.delegate_prob:
+                replies.append(reply("Delegate the craftable ingredients to sub-agents.", DELEGATE_CODE))
+            else:
+                replies.append(reply("Craft the ingredients myself.", MAKE_CODE))
+        sabotage = depth > 0 and rng.random() < self.fail_prob
+        if sabotage:
+            self.sabotaged.add(key)
+        replies.append(reply("Craft the target and finish.", FINAL_CODE.replace("OFFSET", " + 1" if sabotage else "")))
+        return replies
+
+
+# The agent's program: cell 2 (delegating or crafting the ingredients) and cell 3 (the target, then finish).
+DELEGATE_CODE = """\
+e = -(-n // r['result_count'])
+for k, u in r['ingredients'].items():
+    if not get_info([k])[0]['is_base']:
+        print(await launch_subagent({k: u * e}))"""
+
+MAKE_CODE = """\
+def make(t, n):
+    r = get_info([t])[0]['recipes'][0]
+    e = -(-n // r['result_count'])
+    for k, u in r['ingredients'].items():
+        if not get_info([k])[0]['is_base']:
+            make(k, u * e)
+    print(craft({k: u * e for k, u in r['ingredients'].items()}, (t, e * r['result_count'])))
+e = -(-n // r['result_count'])
+for k, u in r['ingredients'].items():
+    if not get_info([k])[0]['is_base']:
+        make(k, u * e)"""
+
+FINAL_CODE = """\
+e = -(-n // r['result_count'])
+print(craft({k: u * e for k, u in r['ingredients'].items()}, (t, e * r['result_count']OFFSET)))
+finish(f'Crafted {n}x {t}')"""

@@ -1,0 +1,155 @@
+"""The oracle warm start: the oracle solves tasks through the real runtime (sandboxed cells, delegation, rubric and
+score calls), sabotaged children fail and are scored 0, demo datums train exactly the completion tokens of the
+kept agents and calls, and a short SFT run lowers the NLL and leaves a checkpoint ``model.init_from`` loads."""
+
+import asyncio
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from envs_py.textcraft import load_tasks, recipe_book
+from sera_jax.agents.launchers import make_launcher_factory
+from sera_jax.agents.rubric import parse_rubric, parse_score
+from sera_jax.agents.runtime import run_trees
+from sera_jax.config import load_config
+from sera_jax.oracle import TextCraftOracle, parse_targets, rubric_text, score_text
+from sera_jax.run import runtime_settings
+from sera_jax.tiny_tokenizer import resolve_tokenizer
+from sera_jax.warmstart import RecordingGenerator, demo_datums, warm_start
+
+CONFIG = "configs/tiny_cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config([CONFIG], ["env.num_workers=1"])
+
+
+@pytest.fixture(scope="module")
+def tok(cfg, tmp_path_factory):
+    return resolve_tokenizer(cfg.model.tokenizer, None, tmp_path_factory.mktemp("tok"))[0]
+
+
+def _run_oracle(cfg, tok, tasks, **kw):
+    oracle = TextCraftOracle(recipe_book(), tok, max_depth=cfg.env.max_depth, **kw)
+    gen = RecordingGenerator(tok, oracle)
+    factory = make_launcher_factory("execution", cfg.method_config(), "textcraft")
+
+    async def main():
+        trees = await run_trees(tasks, "textcraft", gen, tok, runtime_settings(cfg), max_concurrent=4,
+                                launcher_factory=factory)
+        return await factory.finalize(trees)
+
+    return oracle, gen, asyncio.run(main())
+
+
+def test_texts_parse():
+    assert parse_targets("x\nYour Goal: Craft the following items: 3x o5_i2_15, 1x m0_i1\nBudget: 6") == \
+        {"o5_i2_15": 3, "m0_i1": 1}
+    assert parse_rubric(rubric_text("Craft the following items: 2x a_i1"))[0] is not None
+    assert parse_score(score_text(True))[0].value == 1.0
+    s = parse_score(score_text(False))[0]
+    assert s.value == 0.0 and not s.success
+
+
+def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok):
+    tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:3]
+    for delegate in (0.0, 1.0):
+        oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=delegate, fail_prob=0.0)
+        assert [t.nodes[t.root_id].reward for t in trees] == [1.0] * len(tasks)
+        delegations = sum(len(t.delegations) for t in trees)
+        assert (delegations > 0) == (delegate == 1.0)
+        if delegate:
+            # a rubric before every delegation and a score after every child
+            kinds = [info.node_id.split(":")[0] for info, _, _ in gen.records if ":" in info.node_id]
+            assert kinds.count("rubric") == delegations == kinds.count("score")
+
+
+def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
+    tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:2]
+    oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=1.0)
+    children = [n for t in trees for n in t.nodes.values() if n.depth > 0]
+    assert children and all(n.env_labels["success"] == 0.0 for n in children)
+    assert {(t.id, n.id) for t in trees for n in t.nodes.values() if n.depth > 0} == oracle.sabotaged
+    datums, counts = demo_datums(gen.records, trees, oracle.sabotaged)
+    # every agent failed (children sabotaged, roots then short of ingredients): only the calls are demos
+    assert counts["agents_kept"] == 0
+    assert {d.objective for d in datums} == {"rubric_generation", "scoring"}
+    for d in datums:
+        if d.objective == "scoring":
+            text = tok.decode([t for t, m in zip(d.tokens, d.mask) if m], skip_special_tokens=True)
+            assert parse_score(text)[0].success is False
+
+
+def test_demo_datums_train_exactly_the_completions(cfg, tok):
+    from sera_jax.warmstart import first_turn_prompt, goal_copy_datums
+
+    tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:2]
+    oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.0)
+    # the synthetic goal-copying turns are token for token what the runtime sends an agent at its first turn
+    for info, prompt, completion in gen.records:
+        if info.turn == 0 and ":" not in info.node_id:
+            node = next(t for t in trees if t.id == info.tree_id).nodes[info.node_id]
+            assert first_turn_prompt(cfg, tok, node.goal) == prompt
+            assert tok.decode(completion).startswith("<thought>")
+    copies = goal_copy_datums(cfg, tok, tasks, oracle, 6, seed=0)
+    assert len(copies) == 6 and all(tok.decode([t for t, m in zip(d.tokens, d.mask) if m]).endswith("</python>")
+                                    for d in copies)
+    datums, counts = demo_datums(gen.records, trees, oracle.sabotaged)
+    assert counts["agents_kept"] == counts["agents"] > 0
+    completions = sum(len(c) for info, p, c in gen.records)
+    assert sum(d.num_trained for d in datums) == completions
+    for d in datums:
+        trained = tok.decode([t for t, m in zip(d.tokens, d.mask) if m])
+        assert trained.endswith("<|im_end|>") or trained.endswith("</python>")
+
+
+def test_short_warm_start_learns_and_is_loadable(cfg, tmp_path):
+    from sera_jax.run import initial_params_from_run
+
+    small = dataclasses.replace(cfg, warmstart=dataclasses.replace(cfg.warmstart, demo_tasks=3, steps=6,
+                                                                   token_budget=4096, warmup_steps=1))
+    out = warm_start(small, tmp_path / "ws", log=lambda m: None)
+    rows = [json.loads(x) for x in (out / "warmstart_metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+    assert rows[-1]["nll"] < rows[0]["nll"]
+    params = initial_params_from_run(out, small.model_config())
+    assert jax.tree.structure(params) is not None
+    leaves = jax.tree.leaves(params)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
+    # a second call finds the checkpoint and does nothing
+    msgs = []
+    warm_start(small, out, log=msgs.append)
+    assert msgs and "using the checkpoint" in msgs[0]
+    with pytest.raises(ValueError, match="another architecture"):
+        initial_params_from_run(out, dataclasses.replace(small.model_config(), hidden_size=64))
+
+
+def test_shipped_warm_start_is_the_default_configs():
+    """The package's warm start was built from exactly the tiny default's recipe (else it would not be used)."""
+    from sera_jax.model import load_pretrained
+    from sera_jax.warmstart import SHIPPED_DIR, recipe, shipped_matches
+
+    cfg = load_config([CONFIG])
+    assert shipped_matches(cfg), "rebuild it: sera-warmstart --ship"
+    model_cfg, _ = load_pretrained(SHIPPED_DIR)
+    assert model_cfg.hidden_size == cfg.model_config().hidden_size
+    changed = load_config([CONFIG], ["warmstart.steps=7"])
+    assert recipe(changed) != recipe(cfg) and not shipped_matches(changed)
+
+
+def test_learning_curve_png(tmp_path):
+    from sera_jax.default_run import learning_curve
+    from sera_jax.metrics import MetricsWriter
+
+    w = MetricsWriter(tmp_path)
+    for v, stage in enumerate(["execution", "execution", "delegation", "rubric_generation"]):
+        extra = {"rubric_ranking_accuracy": 0.75} if stage == "rubric_generation" else {}
+        w.write(v, "step", {"stage": stage, "root_success": 0.1 * v, "delegation_rate": 0.5, **extra})
+    w.close()
+    png = learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png", title="t")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
