@@ -101,7 +101,9 @@ class Engine:
         dt = self.cfg.compute_dtype
         # Cast where the weights are (each shard locally, halving what moves), then reshard onto the sampler mesh.
         cast = jax.tree.map(lambda x: x.astype(dt) if x.dtype != dt else x, params)
-        return jax.device_put(cast, self._param_shardings)
+        # Never alias the caller's buffers: the trainer donates its state to the next step, which would delete
+        # weights the engine still samples with (same dtype and layout, e.g. fp32 on one CPU device).
+        return jax.device_put(cast, self._param_shardings, may_alias=False)
 
     def load_weights(self, params) -> int:
         """Installs new policy weights (on-device cast to the sampler dtype and reshard); returns the new version.

@@ -151,3 +151,15 @@ def test_load_weights_bumps_version_and_clears_prefix_cache(engine, params, ref)
     with pytest.raises(ValueError, match="shape"):
         engine.load_weights(jax.tree.map(lambda x: x[..., :1], params))
     assert engine.compile_count() == compiles  # new weights keep the sampler layout: nothing recompiles
+
+
+def test_published_weights_survive_the_trainer_donating_its_state(engine, params, ref):
+    """The engine's copy is its own: a donated train step (same dtype and device, nothing to cast) must not delete
+    the weights it samples with."""
+    p = random_prompts(43, 1, 20, 20)[0]
+    sp = SamplingParams(max_new_tokens=4, temperature=0.0)
+    mine = jax.tree.map(lambda x: x * 1.0, params)
+    engine.load_weights(mine)
+    jax.jit(lambda t: jax.tree.map(lambda x: x + 1.0, t), donate_argnums=0)(mine)
+    out = run(engine.generate(p, sp))
+    assert out.token_ids == tuple(ref.greedy(p, 4))
