@@ -47,7 +47,13 @@ def cfg():
 @pytest.fixture(scope="session")
 def params(cfg):
     # Scaled-up random weights: the plain init makes a tiny model repeat one token, which would hide bugs.
-    return jax.tree.map(lambda x: x * 2.0, init_params(jax.random.key(0), cfg))
+    # The embedding table is scaled to unit-variance rows (the tied init is 1/sqrt(hidden)), which keeps the logits
+    # as sharp as the tests' bounds were set for.
+    def scale(path, x):
+        emb = "embed" in jax.tree_util.keystr(path)
+        return x * (2.0 * cfg.hidden_size ** 0.5 if emb else 2.0)
+
+    return jax.tree_util.tree_map_with_path(scale, init_params(jax.random.key(0), cfg))
 
 
 @pytest.fixture(scope="session")
