@@ -22,7 +22,10 @@ def test_dry_run_passes_every_stage(tmp_path):
         assert line["groups_started"] >= 1 and line["time/rollout_s"] > 0
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in records] == ["execution", "delegation", "rubric_generation"]
-    assert (tmp_path / "run" / "tokenizer.model").is_file()
+    # the builtin tokenizer is the shipped one, recorded with the run
+    from sera_jax.tiny_tokenizer import SHIPPED
+    meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("*/meta/metadata")).read_text())
+    assert meta["tokenizer_path"] == str(SHIPPED)
 
 
 def test_config_error_names_the_key(tmp_path):

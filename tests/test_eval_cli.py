@@ -104,7 +104,8 @@ class Crashing:
 def test_a_crashing_tree_is_retried_once_then_counted_as_a_failure(tmp_path):
     tok = load_tokenizer(build_qwen_like_tokenizer(tmp_path / "tok"))
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml",
-                      ["env.name=textworld_sync", "eval.task_set=sample", "judge.kind=policy_frozen", "eval.difficulties=[]",
+                      ["env.name=textworld_sync", "env.task_set=sample", "eval.task_set=sample", "judge.kind=policy_frozen",
+                       "eval.difficulties=[]",
                        "eval.max_steps=40", "eval.num_runs=2"])
     solved, broken, idle = load_eval_tasks(cfg, 3)
     assert [t.difficulty for t in (solved, broken, idle)] == ["easy", "medium", "hard"]
@@ -208,7 +209,8 @@ def test_policy_from_a_run_checkpoint_or_a_hf_directory(tmp_path):
 def test_test_time_selection_runs_candidates_at_each_delegation(tmp_path):
     tok = load_tokenizer(build_qwen_like_tokenizer(tmp_path / "tok"))
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml",
-                      ["env.name=textworld_sync", "eval.task_set=sample", "judge.kind=policy_frozen", "eval.difficulties=[]",
+                      ["env.name=textworld_sync", "env.task_set=sample", "eval.task_set=sample", "judge.kind=policy_frozen",
+                       "eval.difficulties=[]",
                        "eval.max_steps=3", "eval.best_of_n=2", "eval.fork_budget=4"])
 
     def script(info, _prompt):
