@@ -98,6 +98,10 @@ def train_main(argv: list[str] | None = None) -> int:
                     show(o)
                     outcomes.append(o)
                     start += length
+                # the checkpoint path is part of the machinery: save once whatever the attempts did (an attempt
+                # that found no trainable batch advances no version, so no periodic save need have happened)
+                loop.save(force=True)
+                loop.checkpointer.wait()
                 return outcomes
         outcomes = asyncio.run(dry())
         print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],

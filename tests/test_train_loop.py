@@ -122,9 +122,11 @@ def test_loop_trains_checkpoints_and_resumes_exactly(world, tmp_path):
     # tree-level metrics: the script solves half of the rollouts; nobody delegates; TextCraft labels programmatic
     assert 0.0 < m["root_success"] < 1.0 and m["delegation_rate"] == 0.0 and m["nodes_per_tree"] == 1.0
     assert m["supervision/programmatic_labels"] == 0 and m["supervision/judge_calls"] == 0
-    # Wall time by phase: 8 trees × 2 turns of ≥ 50 ms generation, the 4 trees of a group at once (the loop's trace
-    # reached every tree without being passed in); phases lie within the rollout; the attempt covers all parts.
-    assert m["time/generation_busy_s"] >= 8 * 2 * 0.05 and m["time/generation_s"] >= 2 * 2 * 0.05
+    # Wall time by phase: 8 trees × 2 turns of ≥ 50 ms generation (the loop's trace reached every tree without being
+    # passed in); the 4 trees of a group run at once and the 2 groups may overlap (groups_in_flight=2), so the wall
+    # time of generation is at least one tree's 2 turns and less than the busy sum; phases lie within the rollout;
+    # the attempt covers all parts.
+    assert m["time/generation_busy_s"] >= 8 * 2 * 0.05 and m["time/generation_s"] >= 2 * 0.05
     assert m["time/generation_s"] < m["time/generation_busy_s"] and m["time/env_busy_s"] > 0
     for p in ("generation", "env", "scoring"):
         assert 0 <= m[f"time/{p}_s"] <= m[f"time/{p}_busy_s"] + 1e-9 and m[f"time/{p}_s"] <= m["time/rollout_s"]
