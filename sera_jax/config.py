@@ -162,7 +162,8 @@ class WarmStartSection:
     delegate_prob: float = 0.7           # the oracle delegates a craftable ingredient with this probability
     fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
-    seed: int = 0
+    seed: int = 0                        # demo tasks, oracle choices, batch order
+    init_seed: int = 0                   # the random initialisation (not train.seed: RL seeds share one warm start)
 
 
 @dataclasses.dataclass(frozen=True)

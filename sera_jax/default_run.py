@@ -1,8 +1,8 @@
 """The embedded default run (``sera-train`` with no argument): warm start → evaluate → SERA training → evaluate.
 
 1. The oracle warm start (``warmstart.py``) is built into ``model.init_from`` unless a checkpoint is already there.
-2. The warm-started policy is evaluated greedily on ``eval.task_set`` / ``eval.difficulties`` (the official Easy
-   validation tasks for the tiny default) — ``eval_before/``.
+2. The warm-started policy is evaluated on ``eval.task_set`` / ``eval.difficulties`` (the official Easy validation
+   tasks for the tiny default, one tree per task sampled at ``eval.temperature``) — ``eval_before/``.
 3. SERA training runs to ``train.total_steps`` versions (the 16:2:2 stage schedule, the same loop as at scale).
 4. The trained policy is evaluated the same way — ``eval_after/`` — and ``summary.json``/``summary.md`` put both
    side by side; ``learning_curve.png`` plots root success, rubric ranking accuracy and delegation rate per step.
@@ -68,6 +68,10 @@ async def _evaluate(cfg: Any, loop: Any, out_dir: Path, log: Callable[[str], Non
     return rep
 
 
+def _decoding(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"one tree sampled at temperature {temperature:g} per task"
+
+
 def success_rate(rep: dict[str, Any]) -> float:
     """Returns the overall success rate (%) of an evaluation report (first run)."""
     return float(rep["overall_rate_mean"])
@@ -97,12 +101,13 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         "eval_tasks": after.get("num_tasks"), "versions": loop.version, "attempts_this_run": len(outcomes),
         "skipped_this_run": sum(o.skipped for o in outcomes), "learning_curve": str(curve),
         "advantage_sign": cfg.step.advantage_sign, "seed": cfg.train.seed,
+        "eval_temperature": cfg.eval.temperature,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     before_txt = f"{summary['success_before']:.1f}%" if before else "n/a (resumed run)"
     (out / "summary.md").write_text(
         f"# {cfg.name}\n\nHeld-out success ({cfg.eval.task_set}, {', '.join(cfg.eval.difficulties) or 'all'}; "
-        f"{summary['eval_tasks']} tasks, greedy): before {before_txt} → after {summary['success_after']:.1f}% "
+        f"{summary['eval_tasks']} tasks, {_decoding(cfg.eval.temperature)}): before {before_txt} → after {summary['success_after']:.1f}% "
         f"after {summary['versions']} policy versions.\n\n![learning curve](learning_curve.png)\n")
     log(f"held-out success: before {before_txt} -> after {summary['success_after']:.1f}%  ({out / 'summary.md'})")
     return summary

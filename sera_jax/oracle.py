@@ -6,9 +6,11 @@ score calls that ``sera-warmstart`` imitates — token for token what the runtim
 recipe book (it is the oracle) and reads only its goal from the prompt:
 
 - an agent writes the plan as code in three cells. It copies its goal (item and count) into variables and looks the
-  recipe up; then, while its depth allows (and with probability ``delegate_prob``), it delegates every craftable
-  ingredient in the amount the recipe needs (``await launch_subagent`` in a loop), otherwise it crafts the whole
-  chain itself with a small recursive function; last, it crafts the target with the exact amounts and finishes.
+  recipe up; then, with probability ``delegate_prob``, it delegates every craftable ingredient in the amount the
+  recipe needs (``await launch_subagent`` in a loop), otherwise it crafts the whole chain itself with a small
+  recursive function; last, it crafts the target with the exact amounts and finishes. An agent's prompt does not
+  show its depth, so a parent whose children are at the depth limit says so in the launch context, and a child
+  told so crafts itself — the choice depends only on what the policy can see;
   The amounts are computed by the code from ``get_info`` (executions = ⌈count / result_count⌉), so what a model
   must get right is copying its goal and reproducing the program — the skill a tiny model can learn on a CPU;
 - a sub-agent is *sabotaged* with probability ``fail_prob``: its final craft asks for one item more than the
@@ -101,8 +103,11 @@ class TextCraftOracle:
         craftable = [k for k in self.book.recipe(item).ingredients if self.book.can_craft(k)] \
             if self.book.recipe(item) is not None else []
         if craftable:
+            # The choice may depend on the depth only through what the prompt shows: a parent whose children are at
+            # the depth limit tells them so in the launch context (LIMIT_CONTEXT).
             if depth < self.max_depth and rng.random() < self.delegate_prob:
-                replies.append(reply("Delegate the craftable ingredients to sub-agents.", DELEGATE_CODE))
+                code = DELEGATE_CODE.replace("CONTEXT", repr(LIMIT_CONTEXT) if depth + 1 >= self.max_depth else "''")
+                replies.append(reply("Delegate the craftable ingredients to sub-agents.", code))
             else:
                 replies.append(reply("Craft the ingredients myself.", MAKE_CODE))
         sabotage = depth > 0 and rng.random() < self.fail_prob
@@ -113,11 +118,12 @@ class TextCraftOracle:
 
 
 # The agent's program: cell 2 (delegating or crafting the ingredients) and cell 3 (the target, then finish).
+LIMIT_CONTEXT = "craft it yourself"
 DELEGATE_CODE = """\
 e = -(-n // r['result_count'])
 for k, u in r['ingredients'].items():
     if not get_info([k])[0]['is_base']:
-        print(await launch_subagent({k: u * e}))"""
+        print(await launch_subagent({k: u * e}, CONTEXT))"""
 
 MAKE_CODE = """\
 def make(t, n):

@@ -5,7 +5,8 @@ Demonstrations come from the real runtime: ``oracle.TextCraftOracle`` plays the 
 ``ScriptedGenerator`` on the run's own tasks, env workers and sandboxes, under the SERA execution-stage launcher (a
 rubric before every delegation, a score after every child). What is recorded is exactly the token stream the engine
 would see: each agent turn's prompt as sent and its completion, each rubric and score call. Datums (prefix-merged,
-completion tokens trained) are kept for agents that succeeded, every rubric, and every score (the oracle's scores are
+completion tokens trained) are kept for agents that played the gold plan (succeeded, or failed only through a
+sabotaged descendant), every rubric, and every score (the oracle's scores are
 the true outcomes, sabotaged children included). They are trained with the run's own ``train_step`` — the ``pg``
 loss with advantage 1 is token-mean negative log-likelihood — for a fixed, deliberately partial budget of updates
 (``warmstart.steps``), and saved as an orbax checkpoint that ``model.init_from`` loads.
@@ -36,11 +37,16 @@ from sera_jax.rl.datums import Datum, merge_turns
 
 CALL_PREFIXES = ("rubric:", "score:")
 SHIPPED_DIR = Path(__file__).resolve().parent / "assets" / "tiny_warmstart"
+# Bumped whenever the oracle or the choice of demonstrations changes what a recipe builds (2: agents failed only by a
+# sabotaged descendant are demos too; 3: the choice to delegate depends on the depth only through the launch context
+# a parent gives children at the depth limit).
+DEMO_VERSION = 3
 
 
 def recipe(cfg: Any) -> dict[str, Any]:
     """Returns what determines a warm start: the architecture, the tokenizer file's sha256, the prompt style and
-    env caps the demos are played under, the seed of the initialisation and every ``warmstart`` field."""
+    env caps the demos are played under, every ``warmstart`` field (seeds included) and the version
+    of the oracle's demonstrations."""
     from sera_jax.checkpoint import sha256_file
     from sera_jax.tiny_tokenizer import SHIPPED
 
@@ -49,12 +55,13 @@ def recipe(cfg: Any) -> dict[str, Any]:
     ws = {k: v for k, v in dataclasses.asdict(cfg.warmstart).items() if k not in ("enabled", "out_dir")}
     e, r = cfg.env, cfg.rollout
     return json.loads(json.dumps({
-        "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha, "init_seed": cfg.train.seed,
+        "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
         "env": {"name": e.name, "task_set": e.task_set, "difficulties": list(e.difficulties), "max_steps": e.max_steps,
                 "max_depth": e.max_depth, "prompt_style": e.prompt_style},
         "rollout": {"max_completion_tokens": r.max_completion_tokens, "max_prompt_tokens": r.max_prompt_tokens,
                     "context_tokens": r.context_tokens},
-        "method": cfg.method.name, "buckets": list(cfg.batch.buckets), "warmstart": ws}))
+        "method": cfg.method.name, "buckets": list(cfg.batch.buckets), "warmstart": ws,
+        "demo_version": DEMO_VERSION}))
 
 
 def shipped_matches(cfg: Any, directory: Path = SHIPPED_DIR) -> bool:
@@ -117,10 +124,21 @@ def _turn(index: int, prompt: list[int], completion: list[int]) -> Turn:
 
 def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequence[Any],
                 sabotaged: set[tuple[str, str]]) -> tuple[list[Datum], dict[str, int]]:
-    """Returns (SFT datums, counts): prefix-merged turns of every agent that succeeded and was not sabotaged, and
-    every rubric and score call; each datum trains its completion tokens with scalar 1."""
-    success = {(t.id, n.id): n.env_labels.get("success", 0.0) == 1.0 and not n.rollout_error_zero_reward
-               for t in trees for n in t.nodes.values()}
+    """Returns (SFT datums, counts): prefix-merged turns of every agent that played the gold plan — it succeeded, or
+    it failed only because a sabotaged descendant did (its own replies are the same either way; dropping them would
+    teach that delegating is rare) — and was not sabotaged itself, plus every rubric and score call; each datum
+    trains its completion tokens with scalar 1."""
+    success = {}
+    for t in trees:
+        bad = {n.id for n in t.nodes.values() if (t.id, n.id) in sabotaged}
+        for n in t.nodes.values():  # a sabotaged node's ancestors inherit its failure
+            p = n.parent_id if n.id in bad else None
+            while p is not None and p in t.nodes:
+                bad.add(p)
+                p = t.nodes[p].parent_id
+        for n in t.nodes.values():
+            ok = n.env_labels.get("success", 0.0) == 1.0 or n.id in bad
+            success[(t.id, n.id)] = ok and not n.rollout_error_zero_reward
     by_agent: dict[tuple[str, str], list[Turn]] = {}
     calls: list[tuple[str, Turn]] = []
     for info, prompt, completion in records:
@@ -169,6 +187,7 @@ def goal_copy_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Any
     finds hardest, for roots (the task's goal) and sub-agents (a craftable ingredient of a task's target in an
     amount of 1-6), over the given tasks' items."""
     from envs_py.textcraft.tasks import goal_text
+    from sera_jax.oracle import LIMIT_CONTEXT
 
     rng = random.Random(seed)
     out: list[Datum] = []
@@ -182,6 +201,8 @@ def goal_copy_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Any
         if sub and rng.random() < 0.5:
             targets = {rng.choice(sub): rng.randint(1, 6)}
             goal, depth = goal_text(targets), 1
+            if depth >= oracle.max_depth:  # the context its parent's launch gives it (see oracle.DELEGATE_CODE)
+                goal += f"\n\nContext provided from parent agent: {LIMIT_CONTEXT}"
         prompt = first_turn_prompt(cfg, tokenizer, goal)
         reply_ids = list(tokenizer.encode(oracle.plan(targets, depth, ("copy", str(len(out))))[0]))
         completion = reply_ids[:next((i + 1 for i in range(len(reply_ids))
@@ -221,7 +242,9 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
         datums += goal_copy_datums(cfg, tokenizer, tasks, oracle, ws.copy_demos, ws.seed)
     roots = [t.nodes[t.root_id] for t in trees]
     stats = {"demo_trees": len(trees), "oracle_root_success": float(np.mean([r.reward for r in roots])),
-             "delegations": sum(len(t.delegations) for t in trees), "sabotaged_children": sabotaged,
+             "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
+             "refused_launches": sum(not d.child_ids for t in trees for d in t.delegations),
+             "sabotaged_children": sabotaged,
              "goal_copy_datums": ws.copy_demos,
              "datums": len(datums), "trained_tokens": sum(d.num_trained for d in datums), **counts}
     return datums, stats
@@ -293,7 +316,7 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         check_mesh(cfg, jax.device_count())
         mesh = make_mesh(cfg.mesh)
         model_cfg = cfg.model_config()
-        params = init_params(jax.random.fold_in(jax.random.key(cfg.train.seed), 0), model_cfg)
+        params = init_params(jax.random.fold_in(jax.random.key(ws.init_seed), 0), model_cfg)
         tx = make_optimizer(OptimConfig(lr=ws.lr, warmup_steps=ws.warmup_steps, weight_decay=0.0))
         state = shard_train_state(params, tx, model_cfg, mesh)
         step_fn = make_train_step(model_cfg, tx, StepConfig(loss="pg"), mesh=mesh, state=state)

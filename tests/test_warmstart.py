@@ -60,12 +60,20 @@ def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok):
     for delegate in (0.0, 1.0):
         oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=delegate, fail_prob=0.0)
         assert [t.nodes[t.root_id].reward for t in trees] == [1.0] * len(tasks)
-        delegations = sum(len(t.delegations) for t in trees)
+        # launches that created a child (a refused launch is recorded with none)
+        delegations = sum(bool(d.child_ids) for t in trees for d in t.delegations)
         assert (delegations > 0) == (delegate == 1.0)
         if delegate:
             # a rubric before every delegation and a score after every child
             kinds = [info.node_id.split(":")[0] for info, _, _ in gen.records if ":" in info.node_id]
             assert kinds.count("rubric") == delegations == kinds.count("score")
+            # the children are at the depth limit of the tiny default; their prompt does not show their depth, so
+            # the parent's launch context says so, and they craft their ingredients themselves
+            assert cfg.env.max_depth == 1
+            children = [n for t in trees for n in t.nodes.values() if n.depth == 1]
+            assert children and all(n.goal.endswith("Context provided from parent agent: craft it yourself")
+                                    and not any("launch_subagent" in tu.code for tu in n.turns) for n in children)
+            assert all(not d.child_ids == [] for t in trees for d in t.delegations)  # no launch was refused
 
 
 def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
@@ -75,7 +83,15 @@ def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
     assert children and all(n.env_labels["success"] == 0.0 for n in children)
     assert {(t.id, n.id) for t in trees for n in t.nodes.values() if n.depth > 0} == oracle.sabotaged
     datums, counts = demo_datums(gen.records, trees, oracle.sabotaged)
-    # every agent failed (children sabotaged, roots then short of ingredients): only the calls are demos
+    # every agent failed (children sabotaged, roots then short of ingredients): the sabotaged children are not demos,
+    # the roots are (they played the gold plan; only their children's sabotage failed them), and so are the calls
+    roots = {(t.id, t.root_id) for t in trees}
+    assert all(t.nodes[t.root_id].reward == 0.0 for t in trees)
+    assert counts["agents_kept"] == len(roots)
+    assert {(d.tree_id, d.node_id) for d in datums if d.objective == "execution"} == roots
+    assert {d.objective for d in datums} == {"execution", "rubric_generation", "scoring"}
+    # the same failures with no sabotage to explain them: no agent is a demo, only the calls
+    datums, counts = demo_datums(gen.records, trees, set())
     assert counts["agents_kept"] == 0
     assert {d.objective for d in datums} == {"rubric_generation", "scoring"}
     for d in datums:
@@ -95,9 +111,14 @@ def test_demo_datums_train_exactly_the_completions(cfg, tok):
             node = next(t for t in trees if t.id == info.tree_id).nodes[info.node_id]
             assert first_turn_prompt(cfg, tok, node.goal) == prompt
             assert tok.decode(completion).startswith("<thought>")
-    copies = goal_copy_datums(cfg, tok, tasks, oracle, 6, seed=0)
-    assert len(copies) == 6 and all(tok.decode([t for t, m in zip(d.tokens, d.mask) if m]).endswith("</python>")
-                                    for d in copies)
+    copies = goal_copy_datums(cfg, tok, tasks, oracle, 20, seed=0)
+    assert len(copies) == 20 and all(tok.decode([t for t, m in zip(d.tokens, d.mask) if m]).endswith("</python>")
+                                     for d in copies)
+    # a sub-agent's copy turn carries the context its parent's launch gives it at the depth limit, as at run time
+    ctx = "Context provided from parent agent: craft it yourself"
+    assert {d.traj_depth for d in copies} == {0, 1}
+    assert all((ctx in tok.decode([t for t, m in zip(d.tokens, d.mask) if not m])) == (d.traj_depth == 1)
+               for d in copies)
     datums, counts = demo_datums(gen.records, trees, oracle.sabotaged)
     assert counts["agents_kept"] == counts["agents"] > 0
     completions = sum(len(c) for info, p, c in gen.records)
