@@ -73,6 +73,9 @@ class MethodSection:
     # Completion caps of the rubric-writing and scoring calls; null = the method's (1024 each, spec §3.5).
     max_rubric_tokens: Optional[int] = None
     max_scoring_tokens: Optional[int] = None
+    # Counterfactual branches per delegation point and environments per root rollout; null = the method's (8, 16).
+    branching_factor: Optional[int] = None
+    max_counterfactual_envs_per_rollout: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +199,8 @@ class RunConfig:
         s = self.method
         base = method_config(s.name)
         over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
-                                           "max_rubric_tokens", "max_scoring_tokens")
+                                           "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
+                                           "max_counterfactual_envs_per_rollout")
                 if getattr(s, k) is not None}
         over["seed"] = self.train.seed
         over["concurrent_rollouts"] = self.rollout.groups_in_flight

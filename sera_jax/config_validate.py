@@ -49,6 +49,10 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
             parse_schedule(cfg.method.stage_schedule)
         except ValueError as e:
             raise ConfigError(f"method.stage_schedule: {e}") from None
+    need(cfg.method.branching_factor is None or cfg.method.branching_factor >= 2,
+         "method.branching_factor", "must be ≥ 2 (a rubric is rewarded for ranking its branches)")
+    need(cfg.method.max_counterfactual_envs_per_rollout is None or cfg.method.max_counterfactual_envs_per_rollout >= 1,
+         "method.max_counterfactual_envs_per_rollout", "must be ≥ 1")
     try:
         method = cfg.method_config()
     except ValueError as e:

@@ -114,6 +114,8 @@ def test_overrides_are_coerced_to_the_field_type():
     ("rollout.max_prompt_tokens=2000", "rollout.context_tokens: 1024 < max_prompt_tokens 2000"),
     ("rollout.trees_per_task=0", "rollout.trees_per_task: must be positive"),
     ("eval.best_of_n=0", "eval.best_of_n: must be positive, got 0"),
+    ("method.branching_factor=1", "method.branching_factor: must be ≥ 2"),
+    ("method.max_counterfactual_envs_per_rollout=0", "method.max_counterfactual_envs_per_rollout: must be ≥ 1"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),
     ("mesh.fsdp=3", "mesh.fsdp: size 3 does not divide model dimensions"),
     ("mesh.tensor=3", "mesh.tensor: size 3 does not divide model dimensions"),

@@ -112,8 +112,12 @@ class MethodConfig:
             raise ValueError("order/disc weights must sum to 1 and the scale must be ≥ 0")
         if self.scoring_temperature != 0.0:
             raise ValueError("scoring temperature must be 0 (the launcher refuses anything else)")
-        if self.uses("rubric_generation") and self.branching_factor != 8:
-            raise ValueError("rubric-generation ranking requires branching_factor 8")
+        # The paper forks 8 branches (every METHODS entry does); fewer is a configured saving (the tiny CPU default
+        # forks 4), but a ranking needs at least two branches.
+        if self.uses("rubric_generation") and self.branching_factor < 2:
+            raise ValueError(f"rubric-generation ranking needs branching_factor ≥ 2, got {self.branching_factor}")
+        if self.max_counterfactual_envs_per_rollout < 1:
+            raise ValueError("max_counterfactual_envs_per_rollout must be ≥ 1")
         parse_schedule(self.stage_schedule)
 
     def uses(self, stage: str) -> bool:

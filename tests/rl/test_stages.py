@@ -70,6 +70,8 @@ def test_method_validation():
     with pytest.raises(ValueError):
         MethodConfig("x", "rubric", "execution:1", order_weight=0.9)
     with pytest.raises(ValueError):
-        MethodConfig("x", "rubric", "execution:1,rubric_generation:1", branching_factor=4)
+        MethodConfig("x", "rubric", "execution:1,rubric_generation:1", branching_factor=1)
+    assert MethodConfig("x", "rubric", "execution:1,rubric_generation:1", branching_factor=4).branching_factor == 4
+    assert all(m.branching_factor == 8 for m in METHODS.values())  # the paper's methods fork 8
     with pytest.raises(ValueError):
         MethodConfig("x", "rubric", "execution:1", scoring_temperature=0.5)
