@@ -5,8 +5,8 @@ real runtime (sandboxed cells, env workers, the rubric coordinator), it produces
 score calls that ``sera-warmstart`` imitates — token for token what the runtime sends and receives. It knows the
 recipe book (it is the oracle) and reads only its goal from the prompt:
 
-- an agent writes the plan as code in three cells. It copies its goal (item and count) into variables and looks the
-  recipe up; then, with probability ``delegate_prob``, it delegates every craftable ingredient in the amount the
+- an agent writes the plan as code in three cells. It copies its goal (item and count) into variables, looks the
+  recipe up and prints it with the craftable ingredients; then, with probability ``delegate_prob``, it delegates every craftable ingredient in the amount the
   recipe needs (``await launch_subagent`` in a loop), otherwise it crafts the whole chain itself with a small
   recursive function; last, it crafts the target with the exact amounts and finishes. An agent's prompt does not
   show its depth, so a parent whose children are at the depth limit says so in the launch context, and a child
@@ -98,8 +98,7 @@ class TextCraftOracle:
             return [reply("I have no target.", "finish('no target')")]
         rng = self._rng(*key)
         item, n = next(iter(targets.items()))
-        replies = [reply("Read the goal and look up its recipe.",
-                         f"t, n = {item!r}, {n}\nr = get_info([t])[0]['recipes'][0]\nprint(r)")]
+        replies = [reply("Read the goal and look up its recipe.", LOOKUP_CODE.replace("GOAL", f"{item!r}, {n}"))]
         craftable = [k for k in self.book.recipe(item).ingredients if self.book.can_craft(k)] \
             if self.book.recipe(item) is not None else []
         if craftable:
@@ -117,13 +116,19 @@ class TextCraftOracle:
         return replies
 
 
-# The agent's program: cell 2 (delegating or crafting the ingredients) and cell 3 (the target, then finish).
+# The agent's program: cell 1 (its goal, the recipe and the craftable ingredients, printed so that the next choice
+# depends on what the agent has seen), cell 2 (delegating or crafting those ingredients), cell 3 (the target, then
+# finish).
+LOOKUP_CODE = """\
+t, n = GOAL
+r = get_info([t])[0]['recipes'][0]
+c = [k for k in r['ingredients'] if not get_info([k])[0]['is_base']]
+print(r, c)"""
 LIMIT_CONTEXT = "craft it yourself"
 DELEGATE_CODE = """\
 e = -(-n // r['result_count'])
-for k, u in r['ingredients'].items():
-    if not get_info([k])[0]['is_base']:
-        print(await launch_subagent({k: u * e}, CONTEXT))"""
+for k in c:
+    print(await launch_subagent({k: r['ingredients'][k] * e}, CONTEXT))"""
 
 MAKE_CODE = """\
 def make(t, n):
@@ -134,9 +139,8 @@ def make(t, n):
             make(k, u * e)
     print(craft({k: u * e for k, u in r['ingredients'].items()}, (t, e * r['result_count'])))
 e = -(-n // r['result_count'])
-for k, u in r['ingredients'].items():
-    if not get_info([k])[0]['is_base']:
-        make(k, u * e)"""
+for k in c:
+    make(k, r['ingredients'][k] * e)"""
 
 FINAL_CODE = """\
 e = -(-n // r['result_count'])

@@ -39,8 +39,8 @@ CALL_PREFIXES = ("rubric:", "score:")
 SHIPPED_DIR = Path(__file__).resolve().parent / "assets" / "tiny_warmstart"
 # Bumped whenever the oracle or the choice of demonstrations changes what a recipe builds (2: agents failed only by a
 # sabotaged descendant are demos too; 3: the choice to delegate depends on the depth only through the launch context
-# a parent gives children at the depth limit).
-DEMO_VERSION = 3
+# a parent gives children at the depth limit; 4: the first cell prints the craftable ingredients the choice rests on).
+DEMO_VERSION = 4
 
 
 def recipe(cfg: Any) -> dict[str, Any]:
