@@ -22,8 +22,9 @@ from sera_jax.model.tokenizer import load_tokenizer
 from tests.model.tokenizer_fixtures import build_qwen_like_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
+# The paper's protocol is greedy (the tiny default samples at temperature 1, the policy its RL trains).
 SMALL = ["eval.max_steps=2", "eval.max_completion_tokens=16", "env.max_depth=1", "eval.concurrency=4",
-         "eval.context_tokens=1024", "eval.max_prompt_tokens=960"]
+         "eval.context_tokens=1024", "eval.max_prompt_tokens=960", "eval.temperature=0"]
 
 
 @pytest.fixture(scope="module")

@@ -78,22 +78,29 @@ def test_500_agents_stay_within_block_budget_and_100_cancelled_free_their_blocks
 
 def test_cancelling_a_running_request_frees_its_blocks_immediately(engine):
     async def main():
-        t = asyncio.ensure_future(engine.generate(random_prompts(31, 1, 60, 60)[0],
-                                                  SamplingParams(max_new_tokens=60, temperature=1.0),
-                                                  key=jax.random.key(0)))
-        for _ in range(500):
-            await asyncio.sleep(0.002)
-            if engine.stats()["running"] and engine.sched.live()[0].tokens:
-                break
-        held = engine.stats()["blocks_referenced"]
-        t.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await t
-        for _ in range(200):
-            await asyncio.sleep(0.005)
-            if engine.stats()["blocks_referenced"] == 0:
-                break
-        return held
+        # A request can finish between two polls on a loaded machine (60 tokens are 8 short chunks): such a lost
+        # race is retried with a fresh request; the cancellation itself is asserted every time it is reached.
+        for attempt in range(10):
+            t = asyncio.ensure_future(engine.generate(random_prompts(31 + attempt, 1, 60, 60)[0],
+                                                      SamplingParams(max_new_tokens=60, temperature=1.0),
+                                                      key=jax.random.key(attempt)))
+            for _ in range(500):
+                await asyncio.sleep(0.002)
+                if t.done() or (engine.stats()["running"] and engine.sched.live()[0].tokens):
+                    break
+            if t.done():
+                await t
+                continue
+            held = engine.stats()["blocks_referenced"]
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            for _ in range(200):
+                await asyncio.sleep(0.005)
+                if engine.stats()["blocks_referenced"] == 0:
+                    break
+            return held
+        pytest.fail("every request finished before it could be cancelled")
 
     held = run(main())
     assert held == math.ceil((60 + 60 - 1) / 8)
