@@ -107,7 +107,8 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
     before_txt = f"{summary['success_before']:.1f}%" if before else "n/a (resumed run)"
     (out / "summary.md").write_text(
         f"# {cfg.name}\n\nHeld-out success ({cfg.eval.task_set}, {', '.join(cfg.eval.difficulties) or 'all'}; "
-        f"{summary['eval_tasks']} tasks, {_decoding(cfg.eval.temperature)}): before {before_txt} → after {summary['success_after']:.1f}% "
-        f"after {summary['versions']} policy versions.\n\n![learning curve](learning_curve.png)\n")
+        f"{summary['eval_tasks']} tasks, {_decoding(cfg.eval.temperature)}): before {before_txt} → "
+        f"after {summary['success_after']:.1f}% after {summary['versions']} policy versions.\n\n"
+        "![learning curve](learning_curve.png)\n")
     log(f"held-out success: before {before_txt} -> after {summary['success_after']:.1f}%  ({out / 'summary.md'})")
     return summary

@@ -6,11 +6,11 @@ score calls that ``sera-warmstart`` imitates — token for token what the runtim
 recipe book (it is the oracle) and reads only its goal from the prompt:
 
 - an agent writes the plan as code in three cells. It copies its goal (item and count) into variables, looks the
-  recipe up and prints it with the craftable ingredients; then, with probability ``delegate_prob``, it delegates every craftable ingredient in the amount the
-  recipe needs (``await launch_subagent`` in a loop), otherwise it crafts the whole chain itself with a small
-  recursive function; last, it crafts the target with the exact amounts and finishes. An agent's prompt does not
-  show its depth, so a parent whose children are at the depth limit says so in the launch context, and a child
-  told so crafts itself — the choice depends only on what the policy can see;
+  recipe up and prints it with the craftable ingredients; then, with probability ``delegate_prob``, it delegates
+  every craftable ingredient in the amount the recipe needs (``await launch_subagent`` in a loop), otherwise it
+  crafts the whole chain itself with a small recursive function; last, it crafts the target with the exact amounts
+  and finishes. An agent's prompt does not show its depth, so a parent whose children are at the depth limit says
+  so in the launch context, and a child told so crafts itself: the choice depends only on what the policy sees.
   The amounts are computed by the code from ``get_info`` (executions = ⌈count / result_count⌉), so what a model
   must get right is copying its goal and reproducing the program — the skill a tiny model can learn on a CPU;
 - a sub-agent is *sabotaged* with probability ``fail_prob``: its final craft asks for one item more than the
@@ -92,6 +92,10 @@ class TextCraftOracle:
         replies = self.plans[key]
         return replies[min(info.turn, len(replies) - 1)]
 
+    def child_context(self, child_depth: int) -> str:
+        """Returns the launch context a parent gives a child at ``child_depth`` (empty below the depth limit)."""
+        return LIMIT_CONTEXT if child_depth >= self.max_depth else ""
+
     def plan(self, targets: dict[str, int], depth: int, key: tuple[str, str] = ("", "")) -> list[str]:
         """Returns the replies of an agent at ``depth`` whose goal is ``targets`` (its first target), turn by turn."""
         if not targets:
@@ -105,7 +109,7 @@ class TextCraftOracle:
             # The choice may depend on the depth only through what the prompt shows: a parent whose children are at
             # the depth limit tells them so in the launch context (LIMIT_CONTEXT).
             if depth < self.max_depth and rng.random() < self.delegate_prob:
-                code = DELEGATE_CODE.replace("CONTEXT", repr(LIMIT_CONTEXT) if depth + 1 >= self.max_depth else "''")
+                code = DELEGATE_CODE.replace("CONTEXT", repr(self.child_context(depth + 1)))
                 replies.append(reply("Delegate the craftable ingredients to sub-agents.", code))
             else:
                 replies.append(reply("Craft the ingredients myself.", MAKE_CODE))

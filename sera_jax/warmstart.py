@@ -6,16 +6,16 @@ Demonstrations come from the real runtime: ``oracle.TextCraftOracle`` plays the 
 rubric before every delegation, a score after every child). What is recorded is exactly the token stream the engine
 would see: each agent turn's prompt as sent and its completion, each rubric and score call. Datums (prefix-merged,
 completion tokens trained) are kept for agents that played the gold plan (succeeded, or failed only through a
-sabotaged descendant), every rubric, and every score (the oracle's scores are
-the true outcomes, sabotaged children included). They are trained with the run's own ``train_step`` — the ``pg``
-loss with advantage 1 is token-mean negative log-likelihood — for a fixed, deliberately partial budget of updates
-(``warmstart.steps``), and saved as an orbax checkpoint that ``model.init_from`` loads.
+sabotaged descendant), every rubric, and every score (the oracle's scores are the true outcomes, sabotaged children
+included). They are trained with the run's own ``train_step`` — the ``pg`` loss with advantage 1 is token-mean
+negative log-likelihood — for a fixed budget of updates (``warmstart.steps``), and saved as an orbax checkpoint that
+``model.init_from`` loads.
 
 The package ships the tiny default's warm start (``assets/tiny_warmstart``: HF-format weights, 3.7 MB, and
 ``warmstart.json`` recording the recipe it was built from and its numbers), because building it takes longer than
 the 15-minute budget of the default run on 2 cores. ``warm_start`` uses it only when the recipe — model,
-tokenizer, prompts, env caps and every ``warmstart`` field — equals the config's; otherwise it builds. ``sera-warmstart
---ship`` rebuilds it from scratch and rewrites the asset.
+tokenizer, prompts, env caps and every ``warmstart`` field — equals the config's; otherwise it builds.
+``sera-warmstart --ship`` rebuilds it from scratch and rewrites the asset.
 """
 
 from __future__ import annotations
@@ -128,17 +128,19 @@ def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequ
     it failed only because a sabotaged descendant did (its own replies are the same either way; dropping them would
     teach that delegating is rare) — and was not sabotaged itself, plus every rubric and score call; each datum
     trains its completion tokens with scalar 1."""
-    success = {}
+    from sera_jax.agents.records import TreeIndex
+
+    gold = {}
     for t in trees:
-        bad = {n.id for n in t.nodes.values() if (t.id, n.id) in sabotaged}
-        for n in t.nodes.values():  # a sabotaged node's ancestors inherit its failure
-            p = n.parent_id if n.id in bad else None
-            while p is not None and p in t.nodes:
-                bad.add(p)
-                p = t.nodes[p].parent_id
+        parent, failed_by_sabotage = TreeIndex.build(t).parent, set()
+        for node_id in t.nodes:
+            cur = node_id if (t.id, node_id) in sabotaged else None
+            while cur is not None:  # a sabotaged node and its ancestors
+                failed_by_sabotage.add(cur)
+                cur = parent[cur]
         for n in t.nodes.values():
-            ok = n.env_labels.get("success", 0.0) == 1.0 or n.id in bad
-            success[(t.id, n.id)] = ok and not n.rollout_error_zero_reward
+            ok = n.env_labels.get("success", 0.0) == 1.0 or n.id in failed_by_sabotage
+            gold[(t.id, n.id)] = ok and not n.rollout_error_zero_reward
     by_agent: dict[tuple[str, str], list[Turn]] = {}
     calls: list[tuple[str, Turn]] = []
     for info, prompt, completion in records:
@@ -159,7 +161,7 @@ def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequ
                                 traj_start=0, tree_id=tree_id, node_id=node_id))
 
     for (tree_id, node_id), turns in by_agent.items():
-        if success.get((tree_id, node_id)) and (tree_id, node_id) not in sabotaged:
+        if gold.get((tree_id, node_id)) and (tree_id, node_id) not in sabotaged:
             counts["agents_kept"] += 1
             add(merge_turns(turns), "execution", tree_id, node_id)
     for kind, turn in calls:
@@ -187,7 +189,7 @@ def goal_copy_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Any
     finds hardest, for roots (the task's goal) and sub-agents (a craftable ingredient of a task's target in an
     amount of 1-6), over the given tasks' items."""
     from envs_py.textcraft.tasks import goal_text
-    from sera_jax.oracle import LIMIT_CONTEXT
+    from sera_jax.agents.codeact import CONTEXT_SEP
 
     rng = random.Random(seed)
     out: list[Datum] = []
@@ -201,8 +203,8 @@ def goal_copy_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Any
         if sub and rng.random() < 0.5:
             targets = {rng.choice(sub): rng.randint(1, 6)}
             goal, depth = goal_text(targets), 1
-            if depth >= oracle.max_depth:  # the context its parent's launch gives it (see oracle.DELEGATE_CODE)
-                goal += f"\n\nContext provided from parent agent: {LIMIT_CONTEXT}"
+            if oracle.child_context(depth):  # as the world writes a launch's context into the child's goal
+                goal += CONTEXT_SEP + oracle.child_context(depth)
         prompt = first_turn_prompt(cfg, tokenizer, goal)
         reply_ids = list(tokenizer.encode(oracle.plan(targets, depth, ("copy", str(len(out))))[0]))
         completion = reply_ids[:next((i + 1 for i in range(len(reply_ids))

@@ -17,7 +17,7 @@ from sera_jax.agents.launcher import ChildSpec, LaunchRequest, child_result
 from sera_jax.agents.records import DelegationPoint, Node, Turn
 from sera_jax.agents.settings import EXHAUSTED_MESSAGE, STUCK_MESSAGE
 
-_CONTEXT_SEP = "\n\nContext provided from parent agent: "
+CONTEXT_SEP = "\n\nContext provided from parent agent: "
 
 
 def task_string(goal: str, max_steps: int) -> str:
@@ -107,7 +107,7 @@ class CodeActEpisode(Episode):
         run, parent = self.run, self.node
         fork_step = len(parent.turns)  # the current turn is appended after its cell: this is its index
         goal = str(req["goal"])
-        context = goal.split(_CONTEXT_SEP, 1)[1] if _CONTEXT_SEP in goal else ""
+        context = goal.split(CONTEXT_SEP, 1)[1] if CONTEXT_SEP in goal else ""
         depth = int(req.get("depth", parent.depth + 1))
         if depth > run.settings.max_depth:
             text = refusal_text(goal, parent.depth, run.settings.max_depth)
