@@ -112,6 +112,7 @@ def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
     share of device memory; on CPU few shape buckets (compilation dominates there)."""
     from sera_jax.run import kv_cache_budget_bytes
     from sera_jax.sampling import EngineConfig
+    from sera_jax.sampling.engine_config import cpu_shapes
 
     e = cfg.eval
     rows = min(256, 1 << max(3, (2 * e.concurrency - 1).bit_length()))
@@ -121,14 +122,11 @@ def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
                        * (2 if dtype == "bfloat16" else 4))
     num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, kv_cache_budget_bytes() // bytes_per_block))
     prefill = min(2048, e.context_tokens)
-    extra: dict[str, Any] = {}
+    shapes: dict[str, Any] = dict(max_prefill_len=prefill, max_prefill_tokens=max(8192, 4 * prefill))
     if jax.default_backend() == "cpu":
-        # Few shapes: compiling dominates on CPU; the reference attention makes a padded prefill row costly, so
-        # prefill takes 2 rows and a short bucket for the continuation of a cached history.
-        extra = dict(batch_buckets=(rows,), prefill_batch_buckets=(2,), max_prefill_batch=2,
-                     prefill_len_buckets=tuple(sorted({min(512, prefill), prefill})), width_buckets=(blocks_per_seq,))
+        shapes = cpu_shapes(rows, e.context_tokens, block)
     return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks), max_context=e.context_tokens,
-                        max_prefill_len=prefill, max_prefill_tokens=max(8192, 4 * prefill), dtype=dtype, **extra)
+                        dtype=dtype, **shapes)
 
 
 def load_eval_tasks(cfg: RunConfig, num_tasks: int | None = None) -> list:

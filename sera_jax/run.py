@@ -24,6 +24,7 @@ from sera_jax.model import init_params, load_pretrained
 from sera_jax.parallel.mesh import MeshConfig, initialize_distributed, make_mesh
 from sera_jax.rl.optim import make_optimizer
 from sera_jax.sampling import Engine, EngineConfig
+from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.tiny_tokenizer import resolve_tokenizer
 from sera_jax.train import DataStream, Loop, StepOutcome, make_meta
 from sera_jax.trainer import make_train_step, shard_train_state
@@ -85,9 +86,10 @@ def engine_config(cfg: RunConfig, model_dtype: str) -> EngineConfig:
     bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
     budget = kv_cache_budget_bytes()
     num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
+    shapes = (cpu_shapes(rows, r.context_tokens, block) if jax.default_backend() == "cpu"
+              else dict(max_prefill_len=min(2048, r.context_tokens)))
     return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks),
-                        max_context=r.context_tokens, max_prefill_len=min(2048, r.context_tokens),
-                        dtype=model_dtype)
+                        max_context=r.context_tokens, dtype=model_dtype, **shapes)
 
 
 def kv_cache_budget_bytes(fraction: float = 0.35) -> int:

@@ -34,6 +34,23 @@ def pick_bucket(buckets: tuple[int, ...], n: int) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
+def cpu_shapes(max_batch: int, max_context: int, block_size: int = 16) -> dict[str, object]:
+    """Returns the EngineConfig fields for the reference (CPU) backend: few shapes, because each compiles in seconds
+    there, and prefill pieces of at most 512 tokens in short length buckets.
+
+    The reference prefill attends over the whole table width, so its cost grows with (piece length × context): a
+    (2 × 1,024) prefill call of the tiny policy took 716 ms against 238 ms for (2 × 512) and 19 ms for (2 × 128), and
+    a 48-task evaluation went from 105 s (buckets 512/1,024) to 60 s (64/128/256/512) with the same tokens. Decode
+    keeps one shape (all rows, the full width): a narrower width bucket was rarely usable (a batch holds some long
+    context almost always) and each extra shape is another compilation.
+    """
+    max_prefill = min(512, max_context)
+    lens = tuple(n for n in (64, 128, 256) if n < max_prefill) + (max_prefill,)
+    return dict(batch_buckets=(max_batch,), width_buckets=(math.ceil(max_context / block_size),),
+                prefill_batch_buckets=(2,), max_prefill_batch=2, prefill_len_buckets=lens,
+                max_prefill_len=max_prefill, max_prefill_tokens=max(8192, 2 * max_prefill))
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Sizes of the rollout engine. ``dtype`` is the sampler's weight/activation/KV dtype (bf16 on GPU).
