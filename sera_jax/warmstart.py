@@ -57,11 +57,16 @@ def recipe(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
         "env": {"name": e.name, "task_set": e.task_set, "difficulties": list(e.difficulties), "max_steps": e.max_steps,
-                "max_depth": e.max_depth, "prompt_style": e.prompt_style},
+                "max_depth": e.max_depth, "prompt_style": e.prompt_style,
+                # Named only when on, so recipes (and shipped warm starts) from before the setting stay valid.
+                **({"token_history": True} if e.token_history else {})},
         "rollout": {"max_completion_tokens": r.max_completion_tokens, "max_prompt_tokens": r.max_prompt_tokens,
                     "context_tokens": r.context_tokens},
         "method": cfg.method.name, "buckets": list(cfg.batch.buckets), "warmstart": ws,
         "demo_version": DEMO_VERSION}))
+
+
+RECORD_NAME = "warmstart_recipe.json"  # in a warm-start run directory: the recipe it holds and its origin
 
 
 def shipped_matches(cfg: Any, directory: Path = SHIPPED_DIR) -> bool:
@@ -274,8 +279,10 @@ def _batches(datums: Sequence[Datum], token_budget: int, steps: int, seed: int):
 def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_shipped: bool = True,
                snapshot_every: int = 0) -> Path:
     """Builds the warm-start checkpoint of ``cfg`` (``cfg.warmstart``) in ``out_dir`` (default
-    ``warmstart.out_dir``); returns the directory. Does nothing when it already holds a checkpoint; copies the
-    shipped warm start there when ``use_shipped`` and its recipe is ``cfg``'s. ``snapshot_every`` > 0 also saves the
+    ``warmstart.out_dir``); returns the directory. Does nothing when it already holds a checkpoint of ``cfg``'s
+    recipe (recorded in ``RECORD_NAME``; with ``use_shipped`` False, one built here, not copied); a checkpoint of any
+    other recipe is moved aside to ``<out_dir>.stale-<time>``. Copies the shipped warm start there when
+    ``use_shipped`` and its recipe is ``cfg``'s. ``snapshot_every`` > 0 also saves the
     parameters every that many updates under ``snapshots/step_N`` (to choose a budget)."""
     from sera_jax.checkpoint import Checkpointer
     from sera_jax.config import check_mesh
@@ -292,16 +299,24 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
     if cfg.env.name != "textcraft":
         raise ValueError(f"warmstart: the oracle warm start exists for TextCraft only (env.name is {cfg.env.name!r})")
     out = Path(out_dir or ws.out_dir)
-    ck = Checkpointer(out / "checkpoints", every=1, keep=1)
-    try:
-        if ck.latest() is not None:
+    record = out / RECORD_NAME
+    if (out / "checkpoints").is_dir():
+        have = json.loads(record.read_text()) if record.is_file() else {}
+        if have.get("recipe") == recipe(cfg) and (use_shipped or have.get("origin") == "built"):
             log(f"warm start: using the checkpoint in {out}")
             return out
+        # Another recipe (or one not recorded, or a shipped copy when a build is asked for): kept, moved aside.
+        stale = out.with_name(f"{out.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        out.rename(stale)
+        log(f"warm start: {out} was built from another recipe; moved to {stale}, building anew")
+    ck = Checkpointer(out / "checkpoints", every=1, keep=1)
+    try:
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, out)
         if use_shipped and shipped_matches(cfg):
             _import_shipped(cfg, ck, tok_path)
+            record.write_text(json.dumps({"recipe": recipe(cfg), "origin": "shipped"}) + "\n")
             log(f"warm start: the shipped one ({SHIPPED_DIR.name}, built by `sera-warmstart --ship` from this "
                 f"config's recipe) copied to {out}")
             return out
@@ -347,6 +362,7 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
                              "seconds": round(time.monotonic() - t0, 1)}
         ck.save(0, state, meta, force=True)
         ck.wait()
+        record.write_text(json.dumps({"recipe": recipe(cfg), "origin": "built"}) + "\n")
         log(f"warm start: {ws.steps} SFT steps, NLL {history[0]['nll']:.3f} -> {history[-1]['nll']:.3f}, "
             f"{time.monotonic() - t0:.0f} s; checkpoint in {out}")
         return out

@@ -147,6 +147,14 @@ def test_short_warm_start_learns_and_is_loadable(cfg, tmp_path):
     assert msgs and "using the checkpoint" in msgs[0]
     with pytest.raises(ValueError, match="another architecture"):
         initial_params_from_run(out, dataclasses.replace(small.model_config(), hidden_size=64))
+    # Another recipe never reuses it: the old one is moved aside (nothing deleted) and a new one is built.
+    other = dataclasses.replace(small, warmstart=dataclasses.replace(small.warmstart, steps=2))
+    msgs = []
+    warm_start(other, out, log=msgs.append)
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith("ws.stale-")]
+    assert len(stale) == 1 and (stale[0] / "checkpoints").is_dir() and "moved to" in msgs[0]
+    assert len((out / "warmstart_metrics.jsonl").read_text().splitlines()) == 2
+    assert json.loads((out / "warmstart_recipe.json").read_text())["origin"] == "built"
 
 
 def test_shipped_warm_start_is_the_default_configs():
