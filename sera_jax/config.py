@@ -90,6 +90,9 @@ class EnvSection:
     # Prompt texts: "paper" (the spec's) or "compact" (TextCraft: the same game, tools and rubric/score protocol
     # in a few lines, for the tiny CPU default).
     prompt_style: Literal["paper", "compact"] = "paper"
+    # An agent's next prompt = its last prompt + the sampled completion tokens + the new messages' encoding, instead
+    # of re-encoding the conversation (the reference). See agents/truncation.py: continue_prompt.
+    token_history: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,7 +104,7 @@ def eval_settings(cfg: RunConfig, run_index: int = 0) -> RuntimeSettings:
         cfg.env.name, evaluation=True, max_steps=e.max_steps, max_depth=cfg.env.max_depth,
         max_prompt_tokens=e.max_prompt_tokens, max_context=e.context_tokens, max_new_tokens=e.max_completion_tokens,
         temperature=e.temperature, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed + run_index,
-        prompt_style=cfg.env.prompt_style)
+        prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
 
 
 def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):

@@ -71,7 +71,7 @@ def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
         cfg.env.name, max_steps=cfg.env.max_steps, max_depth=cfg.env.max_depth, max_prompt_tokens=r.max_prompt_tokens,
         max_context=r.context_tokens, max_new_tokens=r.max_completion_tokens, temperature=r.temperature,
         top_p=r.top_p, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed,
-        prompt_style=cfg.env.prompt_style)
+        prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
 
 
 def engine_config(cfg: RunConfig, model_dtype: str) -> EngineConfig:

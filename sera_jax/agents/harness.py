@@ -28,7 +28,7 @@ from sera_jax.agents.keys import turn_key
 from sera_jax.agents.records import DelegationPoint, Node, Tree, Turn
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.agents.trace import Trace, current_trace, span  # Trace re-exported: callers import it from here
-from sera_jax.agents.truncation import build_prompt
+from sera_jax.agents.truncation import Prompt, build_prompt, continue_prompt
 from sera_jax.sampling.types import Generator
 
 
@@ -60,6 +60,7 @@ class TreeRun:
         self.launcher = _TracedLauncher(launcher, self) if launcher is not None else None
         self.stop_ids = tuple(tokenizer.stop_ids)
         self._child_counts: dict[tuple[str, int], int] = {}
+        self._last_prompt: dict[str, tuple[Prompt, list[int]]] = {}  # node id -> (last prompt, its completion)
         self._sibling_locks: dict[str, asyncio.Lock] = {}
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -107,8 +108,11 @@ class TreeRun:
         Returns the Turn (prompt ids as sent, completion ids, behaviour logprobs, policy version; the action and
         observation fields still empty) and the completion text with special tokens removed, for parsing."""
         s, tok = self.settings, self.tokenizer
-        # Encoding a long prompt is milliseconds of CPU: off the event loop, so other agents keep going.
-        prompt = await asyncio.to_thread(build_prompt, tok, messages, s.max_prompt_tokens)
+        last = self._last_prompt.get(node.id) if s.token_history else None
+        prompt = continue_prompt(tok, *last, messages, s.max_prompt_tokens) if last is not None else None
+        if prompt is None:
+            # Encoding a long prompt is milliseconds of CPU: off the event loop, so other agents keep going.
+            prompt = await asyncio.to_thread(build_prompt, tok, messages, s.max_prompt_tokens)
         messages[:] = prompt.messages
         params = s.sampling(self.stop_ids, len(prompt.ids))
         index = len(node.turns)
@@ -122,6 +126,8 @@ class TreeRun:
             CURRENT_TURN.reset(token)
         ids = [int(t) for t in result.token_ids]
         logprobs = [float(x) for x in result.logprobs]
+        if s.token_history:
+            self._last_prompt[node.id] = (prompt, ids)
         turn = Turn(index=index, prompt_ids=list(prompt.ids), completion_ids=ids, logprobs=logprobs,
                     policy_version=int(result.policy_version), completion_id=f"{self.tree.id}:{node.id}:{index}",
                     completion_text=tok.decode(ids),

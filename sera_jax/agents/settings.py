@@ -41,6 +41,8 @@ class RuntimeSettings:
     subagents_enabled: TextWorld may hide delegation entirely (the flat variant).
     prompt_style: "paper" (the spec's prompt texts) or "compact" (TextCraft: the same game, tools, format and
     rubric/score protocol in a few lines, for the tiny CPU default; see ``codeact_prompt`` and ``rubric``).
+    token_history: an agent's next prompt extends its last prompt with the completion's sampled tokens
+    (``truncation.continue_prompt``) instead of re-encoding the conversation (the reference's rule; False).
     """
 
     env: str = TEXTCRAFT
@@ -63,6 +65,7 @@ class RuntimeSettings:
     cell_limits: Any = None
     subagents_enabled: bool = True
     prompt_style: str = "paper"
+    token_history: bool = False
 
     def __post_init__(self) -> None:
         if self.env not in ENV_NAMES:

@@ -8,6 +8,13 @@ When a rendered prompt is longer than ``max_prompt_tokens``:
 
 The caller keeps the *post-deletion* message list for the agent's next turns (the deleted pairs stay deleted), and
 records exactly the ids that were sent.
+
+``continue_prompt`` is the token-level alternative (``RuntimeSettings.token_history``): the next prompt is the last
+prompt's ids, the completion's ids exactly as sampled, and the encoding of the messages that follow — instead of
+re-encoding the whole conversation. Re-encoding (the reference's rule) can tokenize the history differently from how
+it was sampled: a sampled non-canonical segmentation, or a piece merging across the generation prompt's last newline
+(the tiny sentencepiece tokenizer did both, so each turn of the tiny policy re-prefilled ~200 history tokens and its
+turns never merged into one datum). The continuation keeps every turn's prompt an exact prefix of the next one.
 """
 
 from __future__ import annotations
@@ -28,10 +35,12 @@ class Prompt:
     dropped_pairs: int = 0
     head_tail: bool = False
     full_len: int = 0
+    continued: bool = False  # built by continue_prompt (token history), not by encoding the messages
 
     def info(self) -> dict:
         """Returns the truncation facts worth recording on a turn."""
-        return {"prompt_full_len": self.full_len, "dropped_pairs": self.dropped_pairs, "head_tail": self.head_tail}
+        return {"prompt_full_len": self.full_len, "dropped_pairs": self.dropped_pairs, "head_tail": self.head_tail,
+                "token_history": self.continued}
 
 
 def build_prompt(tokenizer: Any, messages: Sequence[Message], max_prompt_tokens: int) -> Prompt:
@@ -52,3 +61,33 @@ def build_prompt(tokenizer: Any, messages: Sequence[Message], max_prompt_tokens:
     tail = max_prompt_tokens - len(head)
     sent = head + (ids[-tail:] if tail > 0 else [])
     return Prompt(sent, msgs, dropped, True, full_len)
+
+
+def continue_prompt(tokenizer: Any, prev: Prompt, completion_ids: Sequence[int], messages: Sequence[Message],
+                    max_prompt_tokens: int) -> Prompt | None:
+    """Returns the next prompt as ``prev.ids`` + ``completion_ids`` (+ ``<|im_end|>`` unless the completion ended
+    with it) + the encoding of the messages after the assistant reply (with the generation prompt), or None when
+    that is not possible and the caller must use :func:`build_prompt`: ``messages`` do not extend
+    ``prev.messages`` by one assistant reply and at least one more message, ``prev`` was cut head + tail, the
+    completion ended with another stop token, or the result exceeds ``max_prompt_tokens``.
+
+    The assistant message's text is not re-encoded: the history holds the tokens the policy sampled.
+    """
+    n = len(prev.messages)
+    if prev.head_tail or len(messages) < n + 2 or messages[n].get("role") != "assistant":
+        return None
+    if [dict(m) for m in messages[:n]] != prev.messages:
+        return None
+    body = [int(t) for t in completion_ids]
+    end = tokenizer.im_end_id
+    if not body or body[-1] != end:
+        if body and body[-1] in tokenizer.stop_ids:
+            return None
+        body.append(end)
+    from sera_jax.model.tokenizer import render_chatml  # the ChatML rule lives with the tokenizer
+
+    tail = tokenizer.encode("\n" + render_chatml(messages[n + 1:], add_generation_prompt=True))
+    ids = list(prev.ids) + body + tail
+    if len(ids) > max_prompt_tokens:
+        return None
+    return Prompt(ids, [dict(m) for m in messages], 0, False, len(ids), continued=True)
