@@ -208,8 +208,9 @@ def goal_copy_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Any
         if sub and rng.random() < 0.5:
             targets = {rng.choice(sub): rng.randint(1, 6)}
             goal, depth = goal_text(targets), 1
-            if oracle.child_context(depth):  # as the world writes a launch's context into the child's goal
-                goal += CONTEXT_SEP + oracle.child_context(depth)
+            context = oracle.child_context(depth)
+            if context:  # as the world writes a launch's context into the child's goal
+                goal += CONTEXT_SEP + context
         prompt = first_turn_prompt(cfg, tokenizer, goal)
         reply_ids = list(tokenizer.encode(oracle.plan(targets, depth, ("copy", str(len(out))))[0]))
         completion = reply_ids[:next((i + 1 for i in range(len(reply_ids))
@@ -308,7 +309,8 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         # Another recipe (or one not recorded, or a shipped copy when a build is asked for): kept, moved aside.
         stale = out.with_name(f"{out.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
         out.rename(stale)
-        log(f"warm start: {out} was built from another recipe; moved to {stale}, building anew")
+        why = "a copy of the shipped warm start" if have.get("recipe") == recipe(cfg) else "another recipe"
+        log(f"warm start: {out} holds {why}; moved to {stale}, building anew")
     ck = Checkpointer(out / "checkpoints", every=1, keep=1)
     try:
         out.mkdir(parents=True, exist_ok=True)

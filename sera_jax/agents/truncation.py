@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from sera_jax.model.tokenizer import render_chatml
+
 Message = Mapping[str, Any]
 
 
@@ -84,8 +86,6 @@ def continue_prompt(tokenizer: Any, prev: Prompt, completion_ids: Sequence[int],
         if body and body[-1] in tokenizer.stop_ids:
             return None
         body.append(end)
-    from sera_jax.model.tokenizer import render_chatml  # the ChatML rule lives with the tokenizer
-
     tail = tokenizer.encode("\n" + render_chatml(messages[n + 1:], add_generation_prompt=True))
     ids = list(prev.ids) + body + tail
     if len(ids) > max_prompt_tokens:
