@@ -109,7 +109,7 @@ class CounterfactualCollector:
         tree: Tree = req.run.tree
         gid = f"{tree.id}:fg{len(tree.fork_groups)}:{spec.child_id}"
         group = ForkGroup(id=gid, parent_id=req.parent.id, fork_step=req.fork_step, child_depth=spec.depth,
-                          goal=spec.goal)
+                          goal=spec.goal, num_branches=self.branches)
         tree.fork_groups.append(group)  # registered now so nested groups number after it
         # What the post-hoc rubric needs beyond the nodes, kept in the record so a group can be ranked (again) from
         # the JSONL alone: the parent's messages before the delegating action, the action text, the child's budget.

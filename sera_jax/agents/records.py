@@ -159,11 +159,13 @@ class ForkGroup:
     rubric_turn: Turn | None = None
     rubric: dict[str, Any] | None = None
     score_turns: list[Turn] = dataclasses.field(default_factory=list)
+    num_branches: int = 8  # the branching factor the group was launched with (``method.branching_factor``)
 
     @property
     def complete(self) -> bool:
-        """True iff not skipped, exactly 8 branches, and every branch has a trajectory id (spec §4)."""
-        return (not self.skipped and len(self.branches) == 8
+        """True iff not skipped, exactly ``num_branches`` branches (the paper's 8), and every branch has a trajectory
+        id (spec §4)."""
+        return (not self.skipped and len(self.branches) == self.num_branches
                 and all(b.trajectory_id for b in self.branches))
 
 

@@ -5,6 +5,7 @@ scores per complete group, and the records feeding rubric-generation credit."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import types
 
@@ -50,14 +51,14 @@ def tc_script(scores):
     return script
 
 
-def _run_group(task, tok, scores_by_tree):
+def _run_group(task, tok, scores_by_tree, branches=8):
     async def main():
         pool = await start_pool(1)
         try:
             out = []
             for r, scores in enumerate(scores_by_tree):
                 gen = ScriptedGenerator(tok, tc_script(scores))
-                col = CounterfactualCollector("textcraft", ProgrammaticJudge())
+                col = CounterfactualCollector("textcraft", ProgrammaticJudge(), branches=branches)
                 tree = await run_tree(task, "textcraft", gen, tok, RuntimeSettings.for_env("textcraft"),
                                       rollout_index=r, pool=pool, launcher=col)
                 await col.finalize(tree)
@@ -125,6 +126,27 @@ def test_budget_branches_labels_commit_and_credit(tc_task, tok):
     assert credit.accepted and len(credit.datums) == 2
     adv = [x.scalar for x in credit.datums]
     assert adv[0] > 0 > adv[1] and abs(adv[0] + adv[1]) < 1e-9
+
+
+def test_branching_factor_below_eight_is_ranked_and_trained(tc_task, tok):
+    """A group launched with ``branches=4`` (the tiny default's ``method.branching_factor``) is complete with its 4
+    branches: it gets a fresh rubric, 4 scores and a rubric datum. (Completeness once required exactly 8 branches,
+    so no group of a smaller branching factor was ever ranked and every rubric-generation step was skipped.)"""
+    (tree, _), = _run_group(tc_task, tok, [GOOD[:4]], branches=4)
+    g = tree.fork_groups[0]
+    assert len(g.branches) == 4 and g.num_branches == 4 and g.complete
+    assert [b.success for b in g.branches] == [b in SUCCEEDS for b in range(4)]
+    assert g.rubric is not None and len(g.score_turns) == 4
+    assert [b.score for b in g.branches] == [0.9, 0.0, 0.8, 0.1]
+    # Budget 1 → 5 → 9 → 13 (< 17): all three delegations fork, and every group is ranked.
+    assert tree.counterfactual_environment_count == 13 and len(tree.fork_groups) == 3
+    assert tree.misc["rubric_stats"]["complete"] == 3 and tree.misc["rubric_stats"]["rubric_invalid"] == 0
+    back = loads_tree(dumps_tree(tree))
+    assert back == tree and back.fork_groups[0].complete
+    ds = rubric_datums([tree])  # the other groups (everyone gives up / everyone crafts) are homogeneous
+    assert len(ds) == 1 and ds[0].group_id == g.id and ds[0].scalar == 0.0
+    # A group that lost a branch is incomplete whatever its factor.
+    assert not dataclasses.replace(g, branches=g.branches[:3]).complete
 
 
 def test_budget_vector():
