@@ -167,7 +167,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                            else {"kind": "policy_frozen"}, generator=engine, tokenizer=tokenizer)
 
     async def run_group(task, stage: str, version: int):
-        factory = make_launcher_factory(stage, method, env, judge=judge)
+        factory = make_launcher_factory(stage, method, env, judge=judge, max_context=settings.max_context)
         trees = await run_trees([task], ENV_RUNTIME_NAMES[env], engine, tokenizer,
                                 dataclasses.replace(settings, policy_version=version),
                                 rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,

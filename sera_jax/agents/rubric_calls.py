@@ -29,6 +29,7 @@ class RubricConfig:
     min_items: int = 2
     failure_policy: str = "drop_trajectory"
     prompt_budget: int = RUBRIC_PROMPT_BUDGET
+    max_context: int | None = None   # the serving engine's context: a call's prompt is cut to fit it with its cap
 
     def __post_init__(self) -> None:
         if self.failure_policy not in FAILURE_POLICIES:
@@ -46,11 +47,22 @@ class RubricConfig:
         return cls(**base)
 
     def rubric_spec(self, temperature: float | None = None, max_tokens: int | None = None) -> CallSpec:
-        return CallSpec(self.rubric_temperature if temperature is None else temperature,
-                        max_tokens or self.max_rubric_tokens, self.prompt_budget)
+        return self._spec(self.rubric_temperature if temperature is None else temperature,
+                          max_tokens or self.max_rubric_tokens)
 
     def scoring_spec(self, max_tokens: int | None = None) -> CallSpec:
-        return CallSpec(self.scoring_temperature, max_tokens or self.max_scoring_tokens, self.prompt_budget)
+        return self._spec(self.scoring_temperature, max_tokens or self.max_scoring_tokens)
+
+    def _spec(self, temperature: float, max_tokens: int) -> CallSpec:
+        """The call's settings; with ``max_context`` the prompt budget shrinks so that prompt + completion cap fit
+        the engine (a 9,088-token budget on a 1,024-token tiny engine made every long scoring prompt an error)."""
+        budget = self.prompt_budget
+        if self.max_context is not None:
+            budget = min(budget, self.max_context - max_tokens)
+            if budget < 1:
+                raise ValueError(f"a side call's completion cap ({max_tokens}) leaves no prompt room in the engine's "
+                                 f"context of {self.max_context} tokens")
+        return CallSpec(temperature, max_tokens, budget, self.max_context)
 
 
 def child_tools(env: str) -> str:
