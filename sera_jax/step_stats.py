@@ -53,9 +53,13 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
         tokens.append(stats.get("completion_tokens", 0))
         errors.append(stats.get("agent_errors", 0))
         rs = t.misc.get("rubric_stats", {})
-        rubric["rubric_calls"] += int(rs.get("complete", rs.get("rubrics", 0)) or 0)
+        if "children" in rs:  # execution stage (RubricCoordinator): a rubric per child, a score per valid rubric
+            rubric["rubric_calls"] += int(rs.get("children", 0) or 0)
+            rubric["score_calls"] += int(rs.get("scored", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
+        else:  # rubric-generation stage (counterfactual collector): a rubric per complete group, a score per branch
+            rubric["rubric_calls"] += int(rs.get("complete", rs.get("rubrics", 0)) or 0)
+            rubric["score_calls"] += int(rs.get("scores", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
         rubric["rubric_invalid"] += int(rs.get("rubric_invalid", 0) or 0)
-        rubric["score_calls"] += int(rs.get("scores", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
         rubric["score_invalid"] += int(rs.get("score_invalid", 0) or 0)
         for node in t.nodes.values():
             spent = node.misc.get("judge_label") or {}

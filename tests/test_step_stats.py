@@ -45,4 +45,16 @@ def test_tree_metrics():
     # scored pairs: successes {.9,.8,.7,.6} × failures {.2,.85,.1}: only .9 beats .85, so 3+2+2+2 = 9 of 12
     assert m["rubric_ranking_accuracy"] == pytest.approx(9 / 12) and m["rubric_ranking_auc"] == pytest.approx(9 / 12)
     assert m["score_calls"] == 16 and m["score_invalid"] == 2 and m["agent_errors"] == 4
+    assert m["rubric_calls"] == 2 and m["rubric_invalid"] == 0
     assert tree_metrics([]) == {}
+
+
+def test_execution_stage_rubric_counts():
+    """The execution stage's coordinator records children/scored/score_invalid: one rubric call per child, one
+    scoring call per valid rubric (these once read as zero rubric calls)."""
+    root = Node(id="root", goal="g", env_labels={"success": 1.0})
+    t = Tree(id="t", task_id="task", root_id="root", nodes={"root": root},
+             misc={"rubric_stats": {"children": 5, "rubric_invalid": 2, "score_invalid": 1, "scored": 2}})
+    m = tree_metrics([t, t])
+    assert m["rubric_calls"] == 10 and m["rubric_invalid"] == 4
+    assert m["score_calls"] == 6 and m["score_invalid"] == 2
