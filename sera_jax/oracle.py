@@ -33,6 +33,7 @@ from envs_py.textcraft.recipes import RecipeBook
 _GOAL = re.compile(r"Your Goal: Craft the following items: ([^\n]*)")
 _TARGET = re.compile(r"(\d+)x ([A-Za-z0-9_]+)")
 _DELEGATED = re.compile(r"\[Delegated SubAgent Task\]\n([^\n]*)")
+_FORK_SCORE = re.compile(r".*:fg\d+:(.+#b\d+)")
 
 
 def reply(thought: str, code: str) -> str:
@@ -57,6 +58,14 @@ def rubric_text(child_goal: str) -> str:
             {"name": "finished", "weight": 0.2, "description": "calls finish after crafting"}],
         "success_gate": f"{goal} crafted",
         "failure_conditions": ["a craft fails", "finish before crafting"]})
+
+
+def scored_node(call_name: str) -> str:
+    """Returns the node id a scoring call grades: ``score:<child id>`` (execution stage) or
+    ``score:<tree id>:fg<k>:<child id>#b<branch>`` (a fork group's branch, whose node id is ``<child id>#b<branch>``)."""
+    subject = call_name.split(":", 1)[1]
+    m = _FORK_SCORE.fullmatch(subject)
+    return m.group(1) if m else subject
 
 
 def score_text(success: bool) -> str:
@@ -84,8 +93,7 @@ class TextCraftOracle:
             m = _DELEGATED.search(text)
             return rubric_text(m.group(1) if m else "")
         if info.node_id.startswith("score:"):
-            child = info.node_id.split(":", 1)[1].split("#", 1)[0]
-            return score_text((info.tree_id, child) not in self.sabotaged)
+            return score_text((info.tree_id, scored_node(info.node_id)) not in self.sabotaged)
         key = (info.tree_id, info.node_id)
         if key not in self.plans:
             self.plans[key] = self.plan(parse_targets(text), info.depth, key)

@@ -236,12 +236,21 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
                              fail_prob=ws.fail_prob, seed=ws.seed)
     gen = RecordingGenerator(tokenizer, oracle)
     settings = dataclasses.replace(runtime_settings(cfg), deterministic=False)
-    factory = make_launcher_factory("execution", cfg.method_config(), "textcraft")
+    method = cfg.method_config()
+    # The first ``fork_demo_tasks`` tasks are played as in the rubric-generation stage (fork groups of
+    # ``method.branching_factor`` branches, then the post-hoc rubric, whose prompt shows the parent's whole reply,
+    # and the branch scores); the others as in the execution stage (a rubric before, a score after every child).
+    split = min(ws.fork_demo_tasks, len(tasks))
+    plays = [(stage, part) for stage, part in (("rubric_generation", list(tasks[:split])),
+                                               ("execution", list(tasks[split:]))) if part]
+    trees = []
     pool = await start_pool(cfg.env.num_workers)
     try:
-        trees = await run_trees(list(tasks), "textcraft", gen, tokenizer, settings, pool=pool, max_concurrent=16,
-                                launcher_factory=factory)
-        trees = await factory.finalize(trees)
+        for stage, part in plays:
+            factory = make_launcher_factory(stage, method, "textcraft")
+            done = await run_trees(part, "textcraft", gen, tokenizer, settings, pool=pool, max_concurrent=16,
+                                   launcher_factory=factory)
+            trees += await factory.finalize(done)
     finally:
         await pool.close()
     datums, counts = demo_datums(gen.records, trees, oracle.sabotaged)
@@ -249,7 +258,8 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
     if ws.copy_demos:
         datums += goal_copy_datums(cfg, tokenizer, tasks, oracle, ws.copy_demos, ws.seed)
     roots = [t.nodes[t.root_id] for t in trees]
-    stats = {"demo_trees": len(trees), "oracle_root_success": float(np.mean([r.reward for r in roots])),
+    stats = {"demo_trees": len(trees), "fork_demo_trees": split, "fork_groups": sum(len(t.fork_groups) for t in trees),
+             "oracle_root_success": float(np.mean([r.reward for r in roots])),
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "refused_launches": sum(not d.child_ids for t in trees for d in t.delegations),
              "sabotaged_children": sabotaged,

@@ -33,10 +33,10 @@ def tok(cfg, tmp_path_factory):
     return resolve_tokenizer(cfg.model.tokenizer, None, tmp_path_factory.mktemp("tok"))[0]
 
 
-def _run_oracle(cfg, tok, tasks, **kw):
+def _run_oracle(cfg, tok, tasks, stage="execution", **kw):
     oracle = TextCraftOracle(recipe_book(), tok, max_depth=cfg.env.max_depth, **kw)
     gen = RecordingGenerator(tok, oracle)
-    factory = make_launcher_factory("execution", cfg.method_config(), "textcraft")
+    factory = make_launcher_factory(stage, cfg.method_config(), "textcraft")
 
     async def main():
         trees = await run_trees(tasks, "textcraft", gen, tok, runtime_settings(cfg), max_concurrent=4,
@@ -98,6 +98,36 @@ def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
         if d.objective == "scoring":
             text = tok.decode([t for t, m in zip(d.tokens, d.mask) if m], skip_special_tokens=True)
             assert parse_score(text)[0].success is False
+
+
+def test_fork_demos_rubric_prompt_and_branch_scores(cfg, tok):
+    """Demo trees played as in the rubric-generation stage: each fork group gets the oracle's rubric for the
+    post-hoc prompt (which shows the parent's whole reply, thought and tags included — unlike the execution stage's
+    code-only prompt) and each branch the score of its own outcome (sabotaged branches fail and are scored 0)."""
+    from sera_jax.oracle import scored_node
+    from sera_jax.warmstart import collect_demos
+
+    assert scored_node("score:root/subagent-1-0") == "root/subagent-1-0"
+    assert scored_node("score:textcraft_synth.train.1#3:fg0:root/subagent-1-0#b2") == "root/subagent-1-0#b2"
+    tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:3]
+    oracle, gen, trees = _run_oracle(cfg, tok, tasks, stage="rubric_generation", delegate_prob=1.0, fail_prob=0.5)
+    groups = [g for t in trees for g in t.fork_groups]
+    assert groups and all(g.complete and len(g.branches) == cfg.method.branching_factor for g in groups)
+    outcomes = [b.success for g in groups for b in g.branches]
+    assert True in outcomes and False in outcomes  # sabotage mixes the branches
+    for g in groups:
+        assert g.rubric is not None
+        prompt = tok.decode(g.rubric_turn.prompt_ids)
+        assert "[Delegation]\n<thought>" in prompt and "</python>" in prompt
+        assert [b.score for b in g.branches] == [1.0 if b.success else 0.0 for b in g.branches]
+    small = dataclasses.replace(cfg, warmstart=dataclasses.replace(cfg.warmstart, fork_demo_tasks=2, copy_demos=0,
+                                                                   delegate_prob=1.0))
+    datums, stats = asyncio.run(collect_demos(small, tok, tasks))
+    assert stats["demo_trees"] == 3 and stats["fork_demo_trees"] == 2 and stats["fork_groups"] >= 1
+    rubric_prompts = [tok.decode([t for t, m in zip(d.tokens, d.mask) if not m]) for d in datums
+                      if d.objective == "rubric_generation"]
+    assert any("[Delegation]\n<thought>" in p for p in rubric_prompts)        # fork-stage rubric prompts
+    assert any("[Delegation]\n<thought>" not in p for p in rubric_prompts)    # execution-stage ones
 
 
 def test_demo_datums_train_exactly_the_completions(cfg, tok):
