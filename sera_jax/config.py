@@ -76,6 +76,8 @@ class MethodSection:
     # Counterfactual branches per delegation point and environments per root rollout; null = the method's (8, 16).
     branching_factor: Optional[int] = None
     max_counterfactual_envs_per_rollout: Optional[int] = None
+    # Sampling temperature of the rubric-writing call; null = the method's (1.0, spec §3.5). Scoring stays greedy.
+    rubric_temperature: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +170,8 @@ class WarmStartSection:
     delegate_prob: float = 0.7           # the oracle delegates a craftable ingredient with this probability
     fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
+    fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
+    #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply
     seed: int = 0                        # demo tasks, oracle choices, batch order
     init_seed: int = 0                   # the random initialisation (not train.seed: RL seeds share one warm start)
 
@@ -203,7 +207,7 @@ class RunConfig:
         base = method_config(s.name)
         over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
                                            "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
-                                           "max_counterfactual_envs_per_rollout")
+                                           "max_counterfactual_envs_per_rollout", "rubric_temperature")
                 if getattr(s, k) is not None}
         over["seed"] = self.train.seed
         over["concurrent_rollouts"] = self.rollout.groups_in_flight

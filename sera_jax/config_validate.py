@@ -72,10 +72,14 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.rollout.groups_in_flight >= 1, "rollout.groups_in_flight", "must be ≥ 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
+    rt = cfg.method.rubric_temperature
+    need(rt is None or rt > 0, "method.rubric_temperature", f"must be positive (or null), got {rt}")
     w = cfg.warmstart
     need(0 <= w.delegate_prob <= 1, "warmstart.delegate_prob", f"must lie in [0, 1], got {w.delegate_prob}")
     need(0 <= w.fail_prob <= 1, "warmstart.fail_prob", f"must lie in [0, 1], got {w.fail_prob}")
     need(w.lr > 0, "warmstart.lr", f"must be positive, got {w.lr}")
+    need(0 <= w.fork_demo_tasks <= w.demo_tasks, "warmstart.fork_demo_tasks",
+         f"must lie in [0, warmstart.demo_tasks = {w.demo_tasks}], got {w.fork_demo_tasks}")
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must lie in (0, 1]")
     for sec in ("rollout", "eval"):
         s = getattr(cfg, sec)

@@ -93,6 +93,10 @@ def test_overrides_are_coerced_to_the_field_type():
     assert cfg.train.total_steps == 7 and cfg.train.deterministic_scheduling is False
     assert cfg.batch.buckets == (256, 2048) and cfg.mesh.fsdp == 4 and cfg.env.difficulties == ("easy",)
     assert cfg.method_config().stage_schedule == "execution:3,rubric_generation:1" and cfg.name == "x=y"
+    # the rubric writer's temperature: the method's 1.0 unless the config names one
+    assert load_config(PAPER / "textcraft_sera.yaml").method_config().rubric_temperature == 1.0
+    assert load_config(ROOT / "configs" / "tiny_cpu.yaml", ["method.rubric_temperature=0.5"]) \
+        .method_config().rubric_temperature == 0.5
     assert cfg.config_hash() != load_config(ROOT / "configs" / "tiny_cpu.yaml").config_hash()
 
 
@@ -116,6 +120,8 @@ def test_overrides_are_coerced_to_the_field_type():
     ("eval.best_of_n=0", "eval.best_of_n: must be positive, got 0"),
     ("method.branching_factor=1", "method.branching_factor: must be ≥ 2"),
     ("method.max_counterfactual_envs_per_rollout=0", "method.max_counterfactual_envs_per_rollout: must be ≥ 1"),
+    ("method.rubric_temperature=0", "method.rubric_temperature: must be positive"),
+    ("warmstart.fork_demo_tasks=500", "warmstart.fork_demo_tasks: must lie in [0, warmstart.demo_tasks = 200]"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),
     ("mesh.fsdp=3", "mesh.fsdp: size 3 does not divide model dimensions"),
     ("mesh.tensor=3", "mesh.tensor: size 3 does not divide model dimensions"),
