@@ -103,6 +103,10 @@ class RolloutSection:
     trees_per_task: int = 8              # root rollouts per task group (G)
     groups_in_flight: int = 24           # concurrent task groups (spec §6.3 "concurrent rollouts")
     temperature: float = 1.0
+    # Agents' temperature in the rubric-generation stage's trees; null = ``temperature``. Its fork branches replay
+    # one sub-task: below temperature 1 a sharpened policy's branches nearly always agree, and a fork group whose
+    # branches all succeed (or all fail) has nothing to rank.
+    rubric_stage_temperature: Optional[float] = None
     top_p: float = 1.0
     max_completion_tokens: int = 512     # TC 512 / TW 3072
     max_prompt_tokens: int = 9600        # TC 9600 / TW 10240 (truncation threshold, §1.3)

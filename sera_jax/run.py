@@ -74,6 +74,15 @@ def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
         prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
 
 
+def stage_settings(settings: RuntimeSettings, cfg: RunConfig, stage: str, version: int) -> RuntimeSettings:
+    """Returns the runtime settings of one task group: the policy version, and the rubric-generation stage's own
+    temperature when ``rollout.rubric_stage_temperature`` names one."""
+    temp = cfg.rollout.rubric_stage_temperature
+    if stage == "rubric_generation" and temp is not None:
+        return dataclasses.replace(settings, policy_version=version, temperature=temp)
+    return dataclasses.replace(settings, policy_version=version)
+
+
 def engine_config(cfg: RunConfig, model_dtype: str) -> EngineConfig:
     """Returns the engine sizes for the run: enough rows for every in-flight agent of the groups in flight."""
     r = cfg.rollout
@@ -169,7 +178,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     async def run_group(task, stage: str, version: int):
         factory = make_launcher_factory(stage, method, env, judge=judge, max_context=settings.max_context)
         trees = await run_trees([task], ENV_RUNTIME_NAMES[env], engine, tokenizer,
-                                dataclasses.replace(settings, policy_version=version),
+                                stage_settings(settings, cfg, stage, version),
                                 rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,
                                 max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
                                 textworld_rules=cfg.env.rules)

@@ -196,3 +196,20 @@ def test_config_hash_is_stable_and_canonical():
     b = from_dict(dict(reversed(list(a.to_dict().items()))))
     assert a.config_hash() == b.config_hash() and len(a.config_hash()) == 64
     assert a.config_hash() != load_config(PAPER / "textcraft_sera.yaml", ["train.seed=1"]).config_hash()
+
+
+def test_rubric_stage_temperature_applies_to_that_stage_only():
+    from sera_jax.run import runtime_settings, stage_settings
+
+    cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["rollout.temperature=0.7",
+                                                           "rollout.rubric_stage_temperature=1.0"])
+    base = runtime_settings(cfg)
+    assert base.temperature == 0.7
+    rubric, execution = (stage_settings(base, cfg, s, 3) for s in ("rubric_generation", "execution"))
+    assert (rubric.temperature, rubric.policy_version) == (1.0, 3)
+    assert (execution.temperature, execution.policy_version) == (0.7, 3)
+    same = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["rollout.temperature=0.7",
+                                                            "rollout.rubric_stage_temperature=null"])
+    assert stage_settings(runtime_settings(same), same, "rubric_generation", 0).temperature == 0.7
+    with pytest.raises(ConfigError, match="rollout.rubric_stage_temperature: must be positive"):
+        load_config(ROOT / "configs" / "tiny_cpu.yaml", ["rollout.rubric_stage_temperature=0"])
