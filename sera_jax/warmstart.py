@@ -320,7 +320,7 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         stale = out.with_name(f"{out.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
         out.rename(stale)
         why = "a copy of the shipped warm start" if have.get("recipe") == recipe(cfg) else "another recipe"
-        log(f"warm start: {out} holds {why}; moved to {stale}, building anew")
+        log(f"warm start: {out} holds {why}; moved to {stale}, replacing it")
     ck = Checkpointer(out / "checkpoints", every=1, keep=1)
     try:
         out.mkdir(parents=True, exist_ok=True)
