@@ -78,6 +78,8 @@ class MethodSection:
     max_counterfactual_envs_per_rollout: Optional[int] = None
     # Sampling temperature of the rubric-writing call; null = the method's (1.0, spec §3.5). Scoring stays greedy.
     rubric_temperature: Optional[float] = None
+    # Reject rubric-generation task groups without a ranked fork group (see rl.stages.MethodConfig); null = false.
+    rubric_filter_unranked_groups: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +213,8 @@ class RunConfig:
         base = method_config(s.name)
         over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
                                            "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
-                                           "max_counterfactual_envs_per_rollout", "rubric_temperature")
+                                           "max_counterfactual_envs_per_rollout", "rubric_temperature",
+                                           "rubric_filter_unranked_groups")
                 if getattr(s, k) is not None}
         over["seed"] = self.train.seed
         over["concurrent_rollouts"] = self.rollout.groups_in_flight

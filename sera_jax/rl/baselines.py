@@ -170,7 +170,8 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
     group is rejected when ``filter_zero_variance`` (default: TextCraft) else kept as non-trainable.
     delegation: launch datums (``decode`` required), leaf-coverage reward, ``method.launch_advantage_mode``;
     rejected with G < 2, no launch datum, or all-equal advantages.
-    rubric_generation: one datum per ranked fork group, LOO over them; always accepted.
+    rubric_generation: one datum per ranked fork group, LOO over them; always accepted (with
+    ``method.rubric_filter_unranked_groups``, only when one group at least was ranked).
     Rollout indices are re-numbered 0..G−1 in the order given.
     """
     trees = [dataclasses.replace(t, root_rollout_index=i) for i, t in enumerate(trees)]
@@ -214,5 +215,7 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
     if stage == "rubric_generation":
         ds = rubric_datums(trees, objective=method.ranking_objective, margin=method.ranking_margin,
                            scale=method.discrimination_scale)
+        if method.rubric_filter_unranked_groups and not any(d.trainable for d in ds):  # only the placeholder
+            return GroupCredit([], False)
         return GroupCredit(assign_rubric_advantages(ds), True)
     raise ValueError(f"unknown stage {stage!r}")

@@ -77,6 +77,9 @@ class MethodConfig:
     ranking_margin: float = 0.2
     branching_factor: int = 8
     max_counterfactual_envs_per_rollout: int = 16
+    # Not in the paper: reject a rubric-generation task group with no ranked fork group (none forked, or every
+    # group's branches agreed) instead of accepting it (§5.6), so the step keeps sampling rather than being skipped.
+    rubric_filter_unranked_groups: bool = False
     # leaf_credit.*
     delegation_filter_zero_variance_groups: bool = True
     invalid_delegation_reward: float = 0.0

@@ -82,5 +82,12 @@ def test_rubric_group_k1_and_placeholder(bpe):
     assert d.trainable and d.scalar == 0.0  # K = 1: emitted with zero advantage (still in the token count)
     empty = task_group_credit("rubric_generation", [tree("t0", [node("r")])], SERA)
     assert empty.accepted and [x.trainable for x in empty.datums] == [False]
+    # With rubric_filter_unranked_groups a group without a ranked fork group is rejected; a ranked one still counts.
+    strict = dataclasses.replace(SERA, rubric_filter_unranked_groups=True)
+    assert not task_group_credit("rubric_generation", [tree("t0", [node("r")])], strict).accepted
+    agreed = [tree("t0", [node("r")], fork_groups=[group("g", [0.9, 0.8], [True, True])])]
+    assert task_group_credit("rubric_generation", agreed, SERA).accepted
+    assert not task_group_credit("rubric_generation", agreed, strict).accepted
+    assert task_group_credit("rubric_generation", one, strict).accepted
     with pytest.raises(ValueError):
         task_group_credit("training", one, SERA)
