@@ -80,6 +80,9 @@ class MethodSection:
     rubric_temperature: Optional[float] = None
     # Reject rubric-generation task groups without a ranked fork group (see rl.stages.MethodConfig); null = false.
     rubric_filter_unranked_groups: Optional[bool] = None
+    # The rubric reward's LOO baseline over one task's ranked fork groups or the step's (see
+    # rl.stages.MethodConfig); null = "task" (the paper).
+    rubric_baseline_scope: Optional[Literal["task", "step"]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +217,7 @@ class RunConfig:
         over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
                                            "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
                                            "max_counterfactual_envs_per_rollout", "rubric_temperature",
-                                           "rubric_filter_unranked_groups")
+                                           "rubric_filter_unranked_groups", "rubric_baseline_scope")
                 if getattr(s, k) is not None}
         over["seed"] = self.train.seed
         over["concurrent_rollouts"] = self.rollout.groups_in_flight

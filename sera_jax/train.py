@@ -44,7 +44,8 @@ from sera_jax.agents.trace import Trace, phase_times, tracing
 from sera_jax.checkpoint import Checkpointer, key_from_json, key_to_json, run_metadata
 from sera_jax.export import model_config_record
 from sera_jax.metrics import MetricsWriter
-from sera_jax.rl.baselines import GroupCredit, apply_depth_weights, step_is_skipped, task_group_credit
+from sera_jax.rl.baselines import (GroupCredit, apply_depth_weights, step_is_skipped, step_rubric_credit,
+                                  task_group_credit)
 from sera_jax.rl.batch import pack_datums
 from sera_jax.rl.stages import MethodConfig, position
 from sera_jax.step_stats import tree_metrics
@@ -227,6 +228,8 @@ class Loop:
                 max_attempts=self.max_group_attempts or 4 * max(self.tasks_per_step, self.groups_in_flight))
         t_end = time.monotonic()
         trees = stats.pop("tree_records")
+        if pos.stage == "rubric_generation" and self.method.rubric_baseline_scope == "step":
+            groups = step_rubric_credit(groups)
         metrics: dict[str, Any] = {"stage": pos.stage, "groups_accepted": len(groups), **stats,
                                    "time/rollout_s": t_end - t0}
         phases = phase_times(trace, t0, t_end)

@@ -97,6 +97,10 @@ def test_overrides_are_coerced_to_the_field_type():
     assert load_config(PAPER / "textcraft_sera.yaml").method_config().rubric_temperature == 1.0
     assert load_config(ROOT / "configs" / "tiny_cpu.yaml", ["method.rubric_temperature=0.5"]) \
         .method_config().rubric_temperature == 0.5
+    # the rubric reward's baseline scope: the paper's per-task LOO unless the config pools it over the step
+    assert load_config(PAPER / "textcraft_sera.yaml").method_config().rubric_baseline_scope == "task"
+    assert load_config(ROOT / "configs" / "tiny_cpu.yaml", ["method.rubric_baseline_scope=task"]) \
+        .method_config().rubric_baseline_scope == "task"
     assert cfg.config_hash() != load_config(ROOT / "configs" / "tiny_cpu.yaml").config_hash()
 
 
@@ -121,6 +125,7 @@ def test_overrides_are_coerced_to_the_field_type():
     ("method.branching_factor=1", "method.branching_factor: must be ≥ 2"),
     ("method.max_counterfactual_envs_per_rollout=0", "method.max_counterfactual_envs_per_rollout: must be ≥ 1"),
     ("method.rubric_temperature=0", "method.rubric_temperature: must be positive"),
+    ("method.rubric_baseline_scope=batch", "method.rubric_baseline_scope: expected one of ['task', 'step']"),
     ("warmstart.fork_demo_tasks=500", "warmstart.fork_demo_tasks: must lie in [0, warmstart.demo_tasks = 200]"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),
     ("mesh.fsdp=3", "mesh.fsdp: size 3 does not divide model dimensions"),

@@ -26,7 +26,7 @@ from sera_jax.rl.stages import MethodConfig
 __all__ = [
     "loo_advantages", "execution_advantages", "root_balanced_advantages", "depth_weights", "gamma_depth_weights",
     "is_zero_variance", "step_is_skipped", "assign_execution_advantages", "assign_delegation_advantages",
-    "assign_rubric_advantages", "apply_depth_weights", "GroupCredit", "task_group_credit",
+    "assign_rubric_advantages", "apply_depth_weights", "GroupCredit", "task_group_credit", "step_rubric_credit",
 ]
 
 
@@ -219,3 +219,20 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
             return GroupCredit([], False)
         return GroupCredit(assign_rubric_advantages(ds), True)
     raise ValueError(f"unknown stage {stage!r}")
+
+
+# ------------------------------------------------------------------------------------- the step's task groups
+
+def step_rubric_credit(groups: Sequence[GroupCredit]) -> list[GroupCredit]:
+    """Returns the step's rubric-generation task groups with every ranked fork group's advantage re-based on the
+    leave-one-out mean of *all* the step's ranked groups (``method.rubric_baseline_scope = "step"``) instead of
+    its own task's (§5.2). Each datum's ranking reward is read from ``meta["reward"]``; placeholders and other
+    stages' datums pass through. With K = 1 in the whole step the advantage is 0, as in §5.2."""
+    live = [d for g in groups for d in g.datums if d.trainable and d.objective == "rubric_generation"]
+    if not live:
+        return list(groups)
+    if any("reward" not in d.meta for d in live):
+        raise ValueError("rubric datums carry no ranking reward (meta['reward']); built by rubric_datums?")
+    adv = np.asarray(loo_advantages([d.meta["reward"] for d in live], [0] * len(live)))
+    new = {id(d): dataclasses.replace(d, scalar=float(a)) for d, a in zip(live, adv)}
+    return [GroupCredit([new.get(id(d), d) for d in g.datums], g.accepted) for g in groups]

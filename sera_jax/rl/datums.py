@@ -183,7 +183,8 @@ def rubric_datums(trees: Sequence[Tree], *, objective: str = "hinge", margin: fl
             out.append(_datum(t.prompt_ids, t, [1] * len(t.completion_ids), scalar=r,
                               objective="rubric_generation", traj_depth=g.child_depth, traj_start=1,
                               tree_id=tree.id, task_id=tree.task_id, node_id=g.parent_id,
-                              rollout_index=tree.root_rollout_index or 0, group_id=g.id))
+                              rollout_index=tree.root_rollout_index or 0, group_id=g.id,
+                              meta={"reward": r}))
     if not out:
         out.append(Datum((), (), (), (), 0.0, "rubric_generation", 1, 1, task_id=task_id, trainable=False,
                          meta={"placeholder": True}))

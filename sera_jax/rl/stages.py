@@ -80,6 +80,10 @@ class MethodConfig:
     # Not in the paper: reject a rubric-generation task group with no ranked fork group (none forked, or every
     # group's branches agreed) instead of accepting it (§5.6), so the step keeps sampling rather than being skipped.
     rubric_filter_unranked_groups: bool = False
+    # Not in the paper: the rubric reward's leave-one-out baseline over the ranked fork groups of one task ("task",
+    # §5.2) or of the whole step's accepted task groups ("step"). With few delegation points per task (the tiny
+    # default forks one per tree), a task nearly always has K = 1 ranked group, whose advantage is 0 by §5.2.
+    rubric_baseline_scope: str = "task"
     # leaf_credit.*
     delegation_filter_zero_variance_groups: bool = True
     invalid_delegation_reward: float = 0.0
@@ -119,6 +123,8 @@ class MethodConfig:
         # forks 4), but a ranking needs at least two branches.
         if self.uses("rubric_generation") and self.branching_factor < 2:
             raise ValueError(f"rubric-generation ranking needs branching_factor ≥ 2, got {self.branching_factor}")
+        if self.rubric_baseline_scope not in ("task", "step"):
+            raise ValueError(f"rubric_baseline_scope must be 'task' or 'step', got {self.rubric_baseline_scope!r}")
         if self.max_counterfactual_envs_per_rollout < 1:
             raise ValueError("max_counterfactual_envs_per_rollout must be ≥ 1")
         parse_schedule(self.stage_schedule)

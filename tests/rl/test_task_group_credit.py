@@ -9,7 +9,7 @@ import pytest
 
 from rl_builders import node, tree, turn
 from sera_jax.agents.records import Branch, ForkGroup, RubricScore
-from sera_jax.rl.baselines import apply_depth_weights, task_group_credit
+from sera_jax.rl.baselines import apply_depth_weights, step_rubric_credit, task_group_credit
 from sera_jax.rl.stages import method_config
 
 SERA = method_config("SERA")
@@ -71,12 +71,16 @@ def test_delegation_group_verdicts(bpe, decode):
         task_group_credit("delegation", trees, SERA)
 
 
+def _fork_group(bpe, gid, scores, labels):
+    rt = turn(0, [1, 2], bpe.encode('{"rubric_items": []}').ids)
+    return ForkGroup(gid, "r", 0, 1, rubric_turn=rt, rubric={"rubric_items": []},
+                     branches=[Branch(b, f"{gid}{b}", 1, success=y, score=s)
+                               for b, (s, y) in enumerate(zip(scores, labels))])
+
+
 def test_rubric_group_k1_and_placeholder(bpe):
     def group(gid, scores, labels):
-        rt = turn(0, [1, 2], bpe.encode('{"rubric_items": []}').ids)
-        return ForkGroup(gid, "r", 0, 1, rubric_turn=rt, rubric={"rubric_items": []},
-                         branches=[Branch(b, f"{gid}{b}", 1, success=y, score=s)
-                                   for b, (s, y) in enumerate(zip(scores, labels))])
+        return _fork_group(bpe, gid, scores, labels)
     one = [tree("t0", [node("r")], fork_groups=[group("g", [0.9, 0.1], [True, False])])]
     (d,) = task_group_credit("rubric_generation", one, SERA).datums
     assert d.trainable and d.scalar == 0.0  # K = 1: emitted with zero advantage (still in the token count)
@@ -91,3 +95,25 @@ def test_rubric_group_k1_and_placeholder(bpe):
     assert task_group_credit("rubric_generation", one, strict).accepted
     with pytest.raises(ValueError):
         task_group_credit("training", one, SERA)
+
+
+def test_step_scope_rubric_baseline_pools_the_ranked_groups_of_every_task(bpe):
+    # Three tasks with one ranked fork group each (K = 1 per task: advantage 0 under the paper's task scope), with
+    # the rewards of the §5.2 baseline example; pooled over the step they get that example's advantages.
+    y8 = [True, True] + [False] * 6
+    tasks = [[tree("a", [node("r")], fork_groups=[_fork_group(bpe, "g", [0.9, 0.5, 0, 0.4, 0, 0, 0, 0], y8)])],
+             [tree("b", [node("r")], fork_groups=[_fork_group(bpe, "g", [0.6, 0.5], [True, False])])],
+             [tree("c", [node("r")], fork_groups=[_fork_group(bpe, "g", [0.65, 0.5], [True, False])])],
+             [tree("d", [node("r")])]]                                  # no ranked group: a placeholder
+    groups = [task_group_credit("rubric_generation", t, SERA) for t in tasks]
+    assert [d.scalar for g in groups for d in g.datums] == [0.0] * 4
+    np.testing.assert_allclose([d.meta["reward"] for g in groups[:3] for d in g.datums],
+                               [-0.1 / 12, -0.1, -0.05], atol=1e-6)
+    pooled = step_rubric_credit(groups)
+    assert [len(g.datums) for g in pooled] == [1, 1, 1, 1] and all(g.accepted for g in pooled)
+    np.testing.assert_allclose([g.datums[0].scalar for g in pooled[:3]], [0.0666667, -0.0708333, 0.0041667],
+                               atol=1e-6)
+    assert pooled[3].datums[0].trainable is False and pooled[3].datums[0].scalar == 0.0
+    assert [d.scalar for g in step_rubric_credit(groups[:1]) for d in g.datums] == [0.0]   # K = 1 in the step
+    with pytest.raises(ValueError, match="rubric_baseline_scope"):
+        dataclasses.replace(SERA, rubric_baseline_scope="batch")
