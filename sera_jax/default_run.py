@@ -18,33 +18,51 @@ from typing import Any, Callable
 
 from sera_jax.metrics import read_metrics
 
-CURVE_KEYS = (("root_success", "root success (training rollouts)"),
-              ("rubric_ranking_accuracy", "rubric ranking accuracy (fork groups)"),
-              ("delegation_rate", "delegation rate"))
+# One panel per entry: (y-axis label, series); a series is (metrics key, legend label or None = colour by stage).
+CURVE_PANELS = (
+    ("root success (training rollouts)", (("root_success", None),)),
+    ("rubric ranking accuracy", (("rubric_ranking_accuracy", None),
+                                 ("subagent_score_accuracy", "scored sub-agents: ranking (execution)"),
+                                 ("subagent_score_agreement", "scored sub-agents: flag = success (execution)"))),
+    ("delegation rate", (("delegation_rate", None),)),
+)
+STAGE_COLORS = {"execution": "tab:blue", "delegation": "tab:orange", "rubric_generation": "tab:green"}
 
 
 def learning_curve(metrics_path: str | Path, png_path: str | Path, *, title: str = "") -> Path:
-    """Writes the learning curve of a run's ``metrics.jsonl`` (one panel per ``CURVE_KEYS`` entry, per attempted
-    step; stages coloured) to ``png_path``; returns the path."""
+    """Writes the learning curve of a run's ``metrics.jsonl`` (the ``CURVE_PANELS``, per attempted step; a stage's
+    points in its colour) to ``png_path``; returns the path. The rubric panel shows the rubric-generation stage's
+    fork-group ranking accuracy and, at execution steps, how the policy's scores of its sub-agents match their
+    programmatic success (``step_stats``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for r in read_metrics(metrics_path) if r.get("kind") == "step"]
-    colors = {"execution": "tab:blue", "delegation": "tab:orange", "rubric_generation": "tab:green"}
-    fig, axes = plt.subplots(len(CURVE_KEYS), 1, figsize=(7, 2.4 * len(CURVE_KEYS)), sharex=True)
-    for ax, (key, label) in zip(axes, CURVE_KEYS):
-        pts = [(i, r[key], r.get("stage", "")) for i, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color="0.7", lw=1)
-            for stage, c in colors.items():
-                sel = [p for p in pts if p[2] == stage]
-                ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=14, color=c, label=stage)
+    fig, axes = plt.subplots(len(CURVE_PANELS), 1, figsize=(7, 2.4 * len(CURVE_PANELS)), sharex=True)
+    markers = iter(("x", "+", "^"))
+    for ax, (label, series) in zip(axes, CURVE_PANELS):
+        for key, name in series:
+            pts = [(i, r[key], r.get("stage", "")) for i, r in enumerate(rows)
+                   if isinstance(r.get(key), (int, float))]
+            if not pts:
+                continue
+            if name is None:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color="0.7", lw=1)
+                for stage, c in STAGE_COLORS.items():
+                    sel = [p for p in pts if p[2] == stage]
+                    if sel:
+                        ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=14, color=c, label=stage)
+            else:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", marker=next(markers), ms=5, lw=1,
+                        color="0.35", label=name)
         ax.set_ylabel(label, fontsize=8)
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower right")
+        handles, names = ax.get_legend_handles_labels()
+        if handles and (ax is axes[0] or any(n not in STAGE_COLORS for n in names)):
+            ax.legend(fontsize=7, loc="lower right")
     axes[-1].set_xlabel("attempted step (skipped steps included)")
     if title:
         axes[0].set_title(title, fontsize=9)

@@ -1,6 +1,12 @@
 """What one step's trees say, as scalars: success, delegation, tree shape, rubric calls, supervision spent, and how
 well the policy's rubrics ranked real successes above failures at the step's delegation points.
 
+Rubric quality, two views: ``rubric_ranking_accuracy`` / ``rubric_ranking_auc`` over the counterfactual fork groups
+(rubric-generation stage: each group's branches scored with its fresh rubric, mean over the ranked groups), and
+``subagent_score_accuracy`` / ``subagent_score_auc`` over the sub-agents scored during execution steps (every scored
+child of the step's trees pooled: its rubric score against its programmatic success), with
+``subagent_score_agreement``, the fraction whose score's success flag equals that success.
+
 Supervision spent (``supervision/…``), summed over the step's finished trees (accepted and rejected groups alike:
 the supervision was spent either way; groups cancelled in flight left no records and are not counted):
 
@@ -42,6 +48,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
     labels = 0
     judge = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "unmetered_calls": 0}
     aucs, accs = [], []
+    child_scores, child_labels, child_flags = [], [], []
     for t in trees:
         idx = TreeIndex.build(t)
         root = t.nodes[idx.root]
@@ -62,6 +69,11 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
         rubric["rubric_invalid"] += int(rs.get("rubric_invalid", 0) or 0)
         rubric["score_invalid"] += int(rs.get("score_invalid", 0) or 0)
         for node in t.nodes.values():
+            if (node.rubric_score is not None and node.parent_id is not None and node.fork_group_id is None
+                    and node.env_labels.get("success") is not None):
+                child_scores.append(float(node.rubric_score.score))
+                child_labels.append(bool(node.env_labels["success"]))
+                child_flags.append(bool(node.rubric_score.success))
             spent = node.misc.get("judge_label") or {}
             for k in judge:
                 judge[k] += int(spent.get(k, 0) or 0)
@@ -89,4 +101,13 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
         out["rubric_ranking_accuracy"] = float(np.mean(accs))
         out["rubric_ranking_auc"] = float(np.mean(aucs))
         out["ranked_groups"] = float(len(aucs))
+    if child_scores:
+        y = np.asarray(child_labels)
+        out["scored_subagents"] = float(len(child_scores))
+        out["subagent_score_agreement"] = float(np.mean(np.asarray(child_flags) == y))
+        auc = ranking_auc(child_scores, child_labels)
+        if auc is not None:
+            sc = np.asarray(child_scores)
+            out["subagent_score_auc"] = auc
+            out["subagent_score_accuracy"] = float(((sc[y][:, None] - sc[~y][None, :]) > 0).mean())
     return out

@@ -3,7 +3,7 @@ tree shape."""
 
 import pytest
 
-from sera_jax.agents.records import Branch, ForkGroup, Node, Tree
+from sera_jax.agents.records import Branch, ForkGroup, Node, RubricScore, Tree
 from sera_jax.step_stats import ranking_auc, tree_metrics
 
 
@@ -58,3 +58,30 @@ def test_execution_stage_rubric_counts():
     m = tree_metrics([t, t])
     assert m["rubric_calls"] == 10 and m["rubric_invalid"] == 4
     assert m["score_calls"] == 6 and m["score_invalid"] == 2
+
+
+def test_execution_stage_scored_subagents_against_their_success():
+    """At execution steps the policy scores its children with its rubrics: the step reports how those scores rank
+    the children's programmatic successes and how often the score's success flag equals the real one. Fork-branch
+    nodes (rubric-generation stage) and unscored children are left out."""
+    def child(i, score, flag, success, **kw):
+        return Node(id=f"c{i}", goal="c", depth=1, parent_id="root", env_labels={"success": success},
+                    rubric_score=None if score is None else RubricScore(score, flag, success), **kw)
+
+    root = Node(id="root", goal="g", env_labels={"success": 1.0})
+    kids = [child(0, 0.9, True, 1.0), child(1, 0.2, False, 0.0), child(2, 0.7, True, 0.0),   # c2: flag wrong
+            child(3, 0.95, True, 1.0), child(4, None, False, 0.0),                            # c4: not scored
+            child(5, 0.0, False, 1.0, fork_group_id="fg", branch_index=0)]                     # a fork branch
+    t = Tree(id="t", task_id="task", root_id="root", nodes={"root": root, **{k.id: k for k in kids}})
+    m = tree_metrics([t])
+    assert m["scored_subagents"] == 4 and m["subagent_score_agreement"] == pytest.approx(3 / 4)
+    # successes {.9, .95} × failures {.2, .7}: every pair ordered
+    assert m["subagent_score_accuracy"] == 1.0 and m["subagent_score_auc"] == 1.0
+    kids[2].rubric_score = RubricScore(0.92, True, 0.0)   # a failure scored above one success: 3 of 4 pairs
+    m = tree_metrics([t])
+    assert m["subagent_score_accuracy"] == pytest.approx(3 / 4) and m["subagent_score_auc"] == pytest.approx(3 / 4)
+    only_successes = Tree(id="u", task_id="task", root_id="root", nodes={"root": root, "c0": kids[0]})
+    m = tree_metrics([only_successes])
+    assert m["subagent_score_agreement"] == 1.0 and "subagent_score_auc" not in m
+    assert "scored_subagents" not in tree_metrics([Tree(id="v", task_id="task", root_id="root",
+                                                        nodes={"root": root})])

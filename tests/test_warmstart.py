@@ -206,7 +206,8 @@ def test_learning_curve_png(tmp_path):
 
     w = MetricsWriter(tmp_path)
     for v, stage in enumerate(["execution", "execution", "delegation", "rubric_generation"]):
-        extra = {"rubric_ranking_accuracy": 0.75} if stage == "rubric_generation" else {}
+        extra = ({"rubric_ranking_accuracy": 0.75} if stage == "rubric_generation" else
+                 {"subagent_score_accuracy": 0.5, "subagent_score_agreement": 0.9} if stage == "execution" else {})
         w.write(v, "step", {"stage": stage, "root_success": 0.1 * v, "delegation_rate": 0.5, **extra})
     w.close()
     png = learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png", title="t")
