@@ -178,6 +178,7 @@ class WarmStartSection:
     warmup_steps: int = 10
     delegate_prob: float = 0.7           # the oracle delegates a craftable ingredient with this probability
     fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
+    exhaust_share: float = 0.0           # of the sabotaged sub-agents, those that run out of steps instead
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply

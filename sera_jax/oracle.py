@@ -14,7 +14,10 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   The amounts are computed by the code from ``get_info`` (executions = ⌈count / result_count⌉), so what a model
   must get right is copying its goal and reproducing the program — the skill a tiny model can learn on a CPU;
 - a sub-agent is *sabotaged* with probability ``fail_prob``: its final craft asks for one item more than the
-  recipe yields (the craft fails) and it finishes anyway — so the scorer has failures to learn from;
+  recipe yields (the craft fails) and it finishes anyway — so the scorer has failures to learn from; with
+  probability ``exhaust_share`` a sabotaged sub-agent instead never crafts its target: it looks the recipe up again
+  and again (numbered cells: the runtime ends a repeating loop early) until its step budget runs out (a long failure, as a sampled policy's failures mostly are, whose
+  scoring prompt the §1.3 budget cuts);
 - a rubric is a short JSON naming the delegated goal; a score is ``{"success": …, "final_score": …}`` from the
   child's true outcome (sabotaged ⇒ 0).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
@@ -77,9 +80,10 @@ class TextCraftOracle:
     """The oracle script (see the module docstring); ``sabotaged`` holds (tree id, node id) of failed children."""
 
     def __init__(self, book: RecipeBook, tokenizer: Any, *, max_depth: int = 2, delegate_prob: float = 0.85,
-                 fail_prob: float = 0.25, seed: int = 0):
+                 fail_prob: float = 0.25, exhaust_share: float = 0.0, seed: int = 0):
         self.book, self.tokenizer = book, tokenizer
         self.max_depth, self.delegate_prob, self.fail_prob, self.seed = max_depth, delegate_prob, fail_prob, seed
+        self.exhaust_share = exhaust_share
         self.plans: dict[tuple[str, str], list[str]] = {}
         self.sabotaged: set[tuple[str, str]] = set()
 
@@ -124,6 +128,10 @@ class TextCraftOracle:
         sabotage = depth > 0 and rng.random() < self.fail_prob
         if sabotage:
             self.sabotaged.add(key)
+            if rng.random() < self.exhaust_share:  # the last draw of a plan: exhaust_share 0 leaves plans as they were
+                # distinct cells (the runtime ends a repeating loop early), more than any step budget
+                return replies + [reply("Check the recipe again.", RECHECK_CODE.replace("I", str(i)))
+                                  for i in range(1, 33)]
         replies.append(reply("Craft the target and finish.", FINAL_CODE.replace("OFFSET", " + 1" if sabotage else "")))
         return replies
 
@@ -153,6 +161,8 @@ def make(t, n):
 e = -(-n // r['result_count'])
 for k in c:
     make(k, r['ingredients'][k] * e)"""
+
+RECHECK_CODE = "print(I, get_info([t] + list(r['ingredients'])))"
 
 FINAL_CODE = """\
 e = -(-n // r['result_count'])

@@ -53,6 +53,8 @@ def recipe(cfg: Any) -> dict[str, Any]:
     tok = cfg.model.tokenizer
     tok_sha = sha256_file(str(SHIPPED)) if tok == "builtin:textcraft" else tok
     ws = {k: v for k, v in dataclasses.asdict(cfg.warmstart).items() if k not in ("enabled", "out_dir")}
+    if not ws["exhaust_share"]:  # named only when on, so recipes from before the setting stay valid
+        del ws["exhaust_share"]
     e, r = cfg.env, cfg.rollout
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
@@ -233,7 +235,7 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
     world = tasks[0].payload.get("world") or {}
     book = recipe_book(int(world.get("seed", 42)), int(world.get("items_per_domain_tier", 25)))
     oracle = TextCraftOracle(book, tokenizer, max_depth=cfg.env.max_depth, delegate_prob=ws.delegate_prob,
-                             fail_prob=ws.fail_prob, seed=ws.seed)
+                             fail_prob=ws.fail_prob, exhaust_share=ws.exhaust_share, seed=ws.seed)
     gen = RecordingGenerator(tokenizer, oracle)
     settings = dataclasses.replace(runtime_settings(cfg), deterministic=False)
     method = cfg.method_config()
@@ -247,7 +249,9 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
     pool = await start_pool(cfg.env.num_workers)
     try:
         for stage, part in plays:
-            factory = make_launcher_factory(stage, method, "textcraft")
+            # Side calls cut to the engine's context as in training (run.py), so a long child's scoring prompt
+            # is the one the policy will see.
+            factory = make_launcher_factory(stage, method, "textcraft", max_context=settings.max_context)
             done = await run_trees(part, "textcraft", gen, tokenizer, settings, pool=pool, max_concurrent=16,
                                    launcher_factory=factory)
             trees += await factory.finalize(done)

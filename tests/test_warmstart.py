@@ -36,7 +36,8 @@ def tok(cfg, tmp_path_factory):
 def _run_oracle(cfg, tok, tasks, stage="execution", **kw):
     oracle = TextCraftOracle(recipe_book(), tok, max_depth=cfg.env.max_depth, **kw)
     gen = RecordingGenerator(tok, oracle)
-    factory = make_launcher_factory(stage, cfg.method_config(), "textcraft")
+    factory = make_launcher_factory(stage, cfg.method_config(), "textcraft",
+                                    max_context=runtime_settings(cfg).max_context)
 
     async def main():
         trees = await run_trees(tasks, "textcraft", gen, tok, runtime_settings(cfg), max_concurrent=4,
@@ -98,6 +99,35 @@ def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
         if d.objective == "scoring":
             text = tok.decode([t for t, m in zip(d.tokens, d.mask) if m], skip_special_tokens=True)
             assert parse_score(text)[0].success is False
+
+
+def test_exhausting_sabotage_runs_out_of_steps_and_is_scored_zero(cfg, tok):
+    """With ``exhaust_share`` a sabotaged child never crafts its target: it repeats a lookup until its step budget
+    ends (a long failure, like a sampled policy's), is not a demo itself, and its scoring call — whose prompt the
+    context cut — teaches the score 0."""
+    tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:2]
+    oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=1.0, exhaust_share=1.0)
+    children = [n for t in trees for n in t.nodes.values() if n.depth > 0]
+    assert children and {(t.id, n.id) for t in trees for n in t.nodes.values() if n.depth > 0} == oracle.sabotaged
+    for n in children:
+        assert n.env_labels["success"] == 0.0 and n.finish_message is None
+        assert len(n.turns) == cfg.env.max_steps and "Exhausted budget" in (n.error_message or "")
+    datums, counts = demo_datums(gen.records, trees, oracle.sabotaged)
+    assert not {(d.tree_id, d.node_id) for d in datums if d.objective == "execution"} & oracle.sabotaged
+    scores = [d for d in datums if d.objective == "scoring"]
+    assert len(scores) == len(children)
+    for d in scores:
+        text = tok.decode([t for t, m in zip(d.tokens, d.mask) if m], skip_special_tokens=True)
+        assert parse_score(text)[0].success is False and parse_score(text)[0].value == 0.0
+    # a child's six turns make a scoring prompt longer than the side-call budget: it is cut to fit the context
+    budget = cfg.rollout.context_tokens - cfg.method.max_scoring_tokens
+    assert max(sum(1 for m in d.mask if not m) for d in scores) == budget
+    # exhaust_share 0 leaves the plans (and so the shipped warm start's demos) as they were
+    a = TextCraftOracle(recipe_book(), tok, max_depth=1, fail_prob=0.5, seed=3)
+    b = TextCraftOracle(recipe_book(), tok, max_depth=1, fail_prob=0.5, exhaust_share=0.0, seed=3)
+    for i in range(20):
+        key = ("t", f"root/subagent-{i}")
+        assert a.plan({"o0_i1_10": 2}, 1, key) == b.plan({"o0_i1_10": 2}, 1, key)
 
 
 def test_fork_demos_rubric_prompt_and_branch_scores(cfg, tok):
