@@ -112,6 +112,9 @@ class RolloutSection:
     # one sub-task: below temperature 1 a sharpened policy's branches nearly always agree, and a fork group whose
     # branches all succeed (or all fail) has nothing to rank.
     rubric_stage_temperature: Optional[float] = None
+    # Accepted task groups per rubric-generation step; null = ``tasks_per_step``. Not in the paper: a saving for
+    # a policy whose fork groups are seldom ranked (each rubric-stage group costs branching_factor × the trees).
+    rubric_stage_tasks_per_step: Optional[int] = None
     top_p: float = 1.0
     max_completion_tokens: int = 512     # TC 512 / TW 3072
     max_prompt_tokens: int = 9600        # TC 9600 / TW 10240 (truncation threshold, §1.3)

@@ -72,6 +72,8 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.rollout.groups_in_flight >= 1, "rollout.groups_in_flight", "must be ≥ 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
+    rtp = cfg.rollout.rubric_stage_tasks_per_step
+    need(rtp is None or rtp > 0, "rollout.rubric_stage_tasks_per_step", f"must be positive (or null), got {rtp}")
     rst = cfg.rollout.rubric_stage_temperature
     need(rst is None or rst > 0, "rollout.rubric_stage_temperature", f"must be positive (or null), got {rst}")
     rt = cfg.method.rubric_temperature

@@ -192,6 +192,8 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
                 method=method, stream=DataStream(len(tasks), seed=cfg.train.seed), env=CREDIT_ENV[env],
                 decode=tokenizer.decode, mesh=mesh, tasks_per_step=cfg.rollout.tasks_per_step,
+                stage_tasks_per_step=({} if cfg.rollout.rubric_stage_tasks_per_step is None else
+                                      {"rubric_generation": cfg.rollout.rubric_stage_tasks_per_step}),
                 groups_in_flight=cfg.rollout.groups_in_flight, token_budget=cfg.batch.token_budget,
                 buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
                 filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,

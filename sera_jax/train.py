@@ -192,6 +192,7 @@ class Loop:
     decode: Callable[[list[int]], str]
     mesh: Any
     tasks_per_step: int = 8
+    stage_tasks_per_step: dict[str, int] = dataclasses.field(default_factory=dict)  # per-stage overrides
     groups_in_flight: int = 24
     token_budget: int = 60_000
     buckets: Sequence[int] = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -218,14 +219,15 @@ class Loop:
     async def step(self) -> StepOutcome:
         """Runs one attempt at the current version; returns what happened (the version advances on success)."""
         pos = position(self.version, self.method.stage_schedule)
+        tasks_per_step = self.stage_tasks_per_step.get(pos.stage, self.tasks_per_step)
         self._t_start = t0 = time.monotonic()
         trace = Trace()
         with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
             groups, stats = await collect_groups(
                 pos.stage, self.version, self.tasks, self.stream, self.run_group, self._credit,
-                tasks_per_step=self.tasks_per_step, groups_in_flight=self.groups_in_flight,
+                tasks_per_step=tasks_per_step, groups_in_flight=self.groups_in_flight,
                 deterministic=self.deterministic,
-                max_attempts=self.max_group_attempts or 4 * max(self.tasks_per_step, self.groups_in_flight))
+                max_attempts=self.max_group_attempts or 4 * max(tasks_per_step, self.groups_in_flight))
         t_end = time.monotonic()
         trees = stats.pop("tree_records")
         if pos.stage == "rubric_generation" and self.method.rubric_baseline_scope == "step":
@@ -240,7 +242,7 @@ class Loop:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
             write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}.jsonl")
         metrics.update(_reward_stats(groups))
-        if len(groups) < self.tasks_per_step:
+        if len(groups) < tasks_per_step:
             return self._skip(pos.stage, metrics, f"only {len(groups)} usable task groups")
         t1 = time.perf_counter()
         batch, info = build_batch(groups, self.method, num_ranks=self._ranks(), token_budget=self.token_budget,

@@ -126,6 +126,7 @@ def test_overrides_are_coerced_to_the_field_type():
     ("method.max_counterfactual_envs_per_rollout=0", "method.max_counterfactual_envs_per_rollout: must be ≥ 1"),
     ("method.rubric_temperature=0", "method.rubric_temperature: must be positive"),
     ("method.rubric_baseline_scope=batch", "method.rubric_baseline_scope: expected one of ['task', 'step']"),
+    ("rollout.rubric_stage_tasks_per_step=0", "rollout.rubric_stage_tasks_per_step: must be positive"),
     ("warmstart.exhaust_share=1.5", "warmstart.exhaust_share: must lie in [0, 1], got 1.5"),
     ("warmstart.fork_demo_tasks=500", "warmstart.fork_demo_tasks: must lie in [0, warmstart.demo_tasks = 200]"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),

@@ -160,3 +160,13 @@ def test_untrainable_step_is_skipped_and_does_not_advance(world, tmp_path):
     assert out.skipped and "ranks" in out.reason and loop.version == 0 and loop.skipped_steps == 1
     for a, b in zip(jax.tree.leaves(loop.state.params), jax.tree.leaves(_loop(world, tmp_path / "x").state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_stage_can_take_fewer_task_groups(world, tmp_path):
+    # rollout.rubric_stage_tasks_per_step reaches the loop as a per-stage override of tasks_per_step (2 here)
+    loop = _loop(world, tmp_path)
+    loop.stage_tasks_per_step = {"execution": 1}
+    out = asyncio.run(loop.step())
+    assert not out.skipped and loop.version == 1 and out.metrics["groups_accepted"] == 1
+    loop.stage_tasks_per_step = {"rubric_generation": 1}  # another stage's override leaves execution at 2
+    assert asyncio.run(loop.step()).metrics["groups_accepted"] == 2
