@@ -182,6 +182,7 @@ class WarmStartSection:
     delegate_prob: float = 0.7           # the oracle delegates a craftable ingredient with this probability
     fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
     exhaust_share: float = 0.0           # of the sabotaged sub-agents, those that run out of steps instead
+    #                                      (0 in the tiny default: a warm start built with 0.5 acted far worse)
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply

@@ -16,8 +16,8 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
 - a sub-agent is *sabotaged* with probability ``fail_prob``: its final craft asks for one item more than the
   recipe yields (the craft fails) and it finishes anyway — so the scorer has failures to learn from; with
   probability ``exhaust_share`` a sabotaged sub-agent instead never crafts its target: it looks the recipe up again
-  and again (numbered cells: the runtime ends a repeating loop early) until its step budget runs out (a long failure, as a sampled policy's failures mostly are, whose
-  scoring prompt the §1.3 budget cuts);
+  and again (numbered cells: the runtime ends a repeating loop early) until its step budget runs out — a long
+  failure, as a sampled policy's mostly are, whose scoring prompt the §1.3 budget cuts;
 - a rubric is a short JSON naming the delegated goal; a score is ``{"success": …, "final_score": …}`` from the
   child's true outcome (sabotaged ⇒ 0).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
