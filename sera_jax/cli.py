@@ -130,6 +130,13 @@ def train_main(argv: list[str] | None = None) -> int:
                                     log=lambda m: bar.write(m)))
         else:
             asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=progress))
+    except KeyboardInterrupt:
+        # The loop saved a checkpoint on the way out (Loop.run), and finished evaluations keep their reports.
+        bar.close()
+        out = args.out or cfg.train.out_dir
+        print(f"sera-train: interrupted; the same command resumes ({out} keeps the newest checkpoint and the "
+              "finished evaluations)", file=sys.stderr)
+        return 130
     finally:
         bar.close()
     return 0

@@ -50,3 +50,18 @@ def test_default_run_end_to_end_shortened(tmp_path):
     assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(not r["skipped_step"] for r in steps if r["kind"] == "step")
+
+
+def test_ctrl_c_ends_with_a_resume_hint(tmp_path, monkeypatch, capsys):
+    """SIGINT during a run (asyncio.run re-raises it as KeyboardInterrupt once the loop has saved on the way out)
+    ends sera-train with status 130 and a line saying how to resume, not a traceback."""
+    import sera_jax.default_run as default_run
+    from sera_jax.cli import train_main
+
+    async def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(default_run, "run_default", interrupted)
+    assert train_main(["--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and str(tmp_path / "run") in err and "resumes" in err
