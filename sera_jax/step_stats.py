@@ -39,6 +39,13 @@ def ranking_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None
     return float((gaps > 0).mean() + 0.5 * (gaps == 0).mean())
 
 
+def pairwise_accuracy(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """Returns the fraction of (success, failure) pairs whose success scores strictly higher (needs both labels)."""
+    s = np.asarray(scores, np.float64)
+    y = np.asarray(labels, bool)
+    return float(((s[y][:, None] - s[~y][None, :]) > 0).mean())
+
+
 def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, float]:
     """Returns step-level scalars of ``trees`` (empty dict for no trees)."""
     if not trees:
@@ -84,9 +91,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
             auc = ranking_auc([b.score for b in scored], [bool(b.success) for b in scored])
             if auc is not None:
                 aucs.append(auc)
-                s = np.asarray([b.score for b in scored])
-                y = np.asarray([bool(b.success) for b in scored])
-                accs.append(float(((s[y][:, None] - s[~y][None, :]) > 0).mean()))
+                accs.append(pairwise_accuracy([b.score for b in scored], [bool(b.success) for b in scored]))
     out: dict[str, Any] = {
         "root_success": float(np.mean(root_success)), "delegation_rate": float(np.mean(delegated)),
         "nodes_per_tree": float(np.mean(nodes)), "max_depth": float(np.max(depth)),
@@ -102,12 +107,10 @@ def tree_metrics(trees: Sequence[Tree], *, env: str = "textcraft") -> dict[str, 
         out["rubric_ranking_auc"] = float(np.mean(aucs))
         out["ranked_groups"] = float(len(aucs))
     if child_scores:
-        y = np.asarray(child_labels)
         out["scored_subagents"] = float(len(child_scores))
-        out["subagent_score_agreement"] = float(np.mean(np.asarray(child_flags) == y))
+        out["subagent_score_agreement"] = float(np.mean(np.asarray(child_flags) == np.asarray(child_labels)))
         auc = ranking_auc(child_scores, child_labels)
         if auc is not None:
-            sc = np.asarray(child_scores)
             out["subagent_score_auc"] = auc
-            out["subagent_score_accuracy"] = float(((sc[y][:, None] - sc[~y][None, :]) > 0).mean())
+            out["subagent_score_accuracy"] = pairwise_accuracy(child_scores, child_labels)
     return out
