@@ -79,6 +79,11 @@ def dense_attention(q_BTHE, k_BSKE, v_BSKE, layer_cache, aux, *, implementation:
     return out, layer_cache
 
 
+def _project(x_ND: jax.Array, w_DHE: jax.Array) -> jax.Array:
+    """Returns x [N, D] @ w [D, H, E] as [N, H·E]: a plain 2-D matmul."""
+    return x_ND @ w_DHE.reshape(w_DHE.shape[0], -1)
+
+
 def _init(std: float):
     return nn.initializers.normal(stddev=std)
 
@@ -115,10 +120,11 @@ class Attention(nn.Module):
                         (d, k, e), wt)
         wo = self.param("o_proj", nn.with_logical_partitioning(_init((h * e) ** -0.5),
                                                                ("heads", "head_dim", "embed")), (h, e, d), wt)
-        x = x_BTD.astype(dt)
-        q = jnp.einsum("btd,dhe->bthe", x, wq.astype(dt))
-        kk = jnp.einsum("btd,dke->btke", x, wk.astype(dt))
-        v = jnp.einsum("btd,dke->btke", x, wv.astype(dt))
+        b, t = x_BTD.shape[:2]
+        x_ND = x_BTD.astype(dt).reshape(b * t, d)
+        q = _project(x_ND, wq.astype(dt)).reshape(b, t, h, e)
+        kk = _project(x_ND, wk.astype(dt)).reshape(b, t, k, e)
+        v = _project(x_ND, wv.astype(dt)).reshape(b, t, k, e)
         # Qwen3: RMSNorm over head_dim on q and k, before the rotary embedding.
         q = RMSNorm(cfg, axis_name="head_dim", name="q_norm")(q)
         kk = RMSNorm(cfg, axis_name="head_dim", name="k_norm")(kk)
@@ -127,8 +133,8 @@ class Attention(nn.Module):
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "head_dim"))
         kk = nn.with_logical_constraint(kk, ("batch", "length", "act_kv_heads", "head_dim"))
         out, layer_cache = self.attention_fn(q, kk, v, layer_cache, aux)
-        y = jnp.einsum("bthe,hed->btd", out.astype(dt), wo.astype(dt))
-        return y, layer_cache
+        y_ND = out.astype(dt).reshape(b * t, h * e) @ wo.astype(dt).reshape(h * e, d)
+        return y_ND.reshape(b, t, d), layer_cache
 
 
 class MLP(nn.Module):
@@ -141,10 +147,11 @@ class MLP(nn.Module):
         wg = self.param("gate_proj", nn.with_logical_partitioning(_init(d ** -0.5), ("embed", "mlp")), (d, f), wt)
         wu = self.param("up_proj", nn.with_logical_partitioning(_init(d ** -0.5), ("embed", "mlp")), (d, f), wt)
         wd = self.param("down_proj", nn.with_logical_partitioning(_init(f ** -0.5), ("mlp", "embed")), (f, d), wt)
-        x = x_BTD.astype(dt)
-        hidden = jax.nn.silu(x @ wg.astype(dt)) * (x @ wu.astype(dt))
-        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "act_mlp"))
-        return hidden @ wd.astype(dt)
+        b, t = x_BTD.shape[:2]
+        x_ND = x_BTD.astype(dt).reshape(b * t, d)
+        hidden_NF = jax.nn.silu(x_ND @ wg.astype(dt)) * (x_ND @ wu.astype(dt))
+        hidden = nn.with_logical_constraint(hidden_NF.reshape(b, t, f), ("batch", "length", "act_mlp"))
+        return (hidden.reshape(b * t, f) @ wd.astype(dt)).reshape(b, t, d)
 
 
 class DecoderLayer(nn.Module):
