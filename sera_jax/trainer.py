@@ -83,7 +83,9 @@ def _micro_grads(params, mb: MicroBatch, model_cfg: Qwen3Config, step_cfg: StepC
     loss_fn = get_loss(step_cfg.loss)
 
     def objective(p):
-        logp = token_logprobs(p, model_cfg, mb.tokens, mb.targets, mb.segment_ids, mb.positions)
+        # Only the loss tokens' log-probabilities are needed: the head skips chunks of prompt and padding.
+        logp = token_logprobs(p, model_cfg, mb.tokens, mb.targets, mb.segment_ids, mb.positions,
+                              mask_BT=mb.loss_mask)
         kw = {"ratio_min": step_cfg.ratio_min, "ratio_max": step_cfg.ratio_max} if step_cfg.loss == "cispo" else {}
         adv = mb.advantages if step_cfg.advantage_sign == 1.0 else -mb.advantages
         loss = loss_fn(logp, mb.old_logprobs, adv, mb.loss_mask, num_tokens=mb.num_tokens, **kw)

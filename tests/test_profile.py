@@ -83,6 +83,13 @@ def test_train_flops_formula():
     assert train_flops(cfg, [100, 50]) == pytest.approx(6 * n * 150 + attn * (100**2 + 50**2))
     # One 4096-token row of the 4B model: ~98 TFLOP of weights, attention ~ 16% on top.
     assert 1.0e14 < train_flops(cfg, [4096]) < 1.3e14
+    # The head (V·D of N) only for the loss tokens: the trainer skips it for prompt tokens.
+    head = cfg.vocab_size * cfg.hidden_size
+    assert train_flops(cfg, [100, 50], loss_tokens=40) == pytest.approx(
+        6 * (n - head) * 150 + 6 * head * 40 + attn * (100**2 + 50**2))
+    assert train_flops(cfg, [100, 50], loss_tokens=150) == pytest.approx(train_flops(cfg, [100, 50]))
+    with pytest.raises(ValueError, match="loss_tokens"):
+        train_flops(cfg, [100], loss_tokens=101)
 
 
 def test_decode_flops_formula():

@@ -8,7 +8,9 @@ Train (MFU of ``sera-profile`` and ``tools/profile_train_step.py``)::
 N the parameter count (tied embedding counted once: the lookup is free, the unembedding matmul is not), tokens the
 real (non-padding) tokens, and the attention term the causal QKᵀ and PV products of every packed sequence of length
 s (2·s²·H·E forward per layer, ×3 for forward + backward). Remat's recomputation is not counted (that would be HFU),
-nor the padding and cross-segment scores the dense kernel skips only by masking.
+nor the padding and cross-segment scores the dense kernel skips only by masking. Given the loss tokens, the
+unembedding (V·D of N) is counted for them alone: the trainer's head computes log-probabilities only there
+(``model.logprobs.chunked_logprobs`` with a mask), so prompt tokens cost 6·(N − V·D) each.
 
 Decode: each generated token costs 2·N (every weight once, forward only) + 4·L·H·E·c (QKᵀ and PV over its c cached
 positions). Decoding is bound by memory bandwidth, not FLOPs, so the report also gives the HBM roofline: a decode
@@ -23,12 +25,18 @@ PEAK_FLOPS = {"gpu": 989e12, "cpu": None}  # per device, dense bf16 (H200 SXM); 
 HBM_BYTES_PER_S = {"gpu": 4.8e12, "cpu": None}  # H200 HBM3e
 
 
-def train_flops(cfg, seq_lengths: Sequence[int]) -> float:
+def train_flops(cfg, seq_lengths: Sequence[int], loss_tokens: int | None = None) -> float:
     """Returns the model FLOPs of one optimizer step over packed sequences of these lengths:
-    6·N·Σs + 6·L·H·E·Σs² (see the module docstring)."""
+    6·N·Σs + 6·L·H·E·Σs², or with ``loss_tokens`` 6·(N − V·D)·Σs + 6·V·D·loss_tokens + 6·L·H·E·Σs² (see the
+    module docstring)."""
     tokens = sum(seq_lengths)
     attn = 6.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * sum(float(s) * s for s in seq_lengths)
-    return 6.0 * cfg.num_params() * tokens + attn
+    if loss_tokens is None:
+        return 6.0 * cfg.num_params() * tokens + attn
+    if not 0 <= loss_tokens <= tokens:
+        raise ValueError(f"loss_tokens {loss_tokens} not in [0, {tokens}]")
+    head = cfg.vocab_size * cfg.hidden_size
+    return 6.0 * (cfg.num_params() - head) * tokens + 6.0 * head * loss_tokens + attn
 
 
 def decode_flops(cfg, contexts: Iterable[int]) -> float:

@@ -170,7 +170,7 @@ def profile_train(shape: TrainShape, *, steps: int, trace_dir=None, peak_tflops:
                     jax.block_until_ready(metrics)
                     times.append(time.perf_counter() - t0)
     step_s = float(np.median(times))
-    flops = train_flops(cfg, seq_lengths)
+    flops = train_flops(cfg, seq_lengths, loss_tokens=int(packed.num_tokens))
     peak = peak_tflops * 1e12 if peak_tflops else PEAK_FLOPS.get(backend)
     return {
         "kind": "train", "backend": backend, "device_kind": devices[0].device_kind, "devices": len(devices),

@@ -81,6 +81,56 @@ def test_chunked_logprobs_never_builds_full_logits():
     assert sizes and max(sizes) <= chunk * v, sorted(sizes)[-3:]
 
 
+def _head_inputs(b=3, t=13, d=8, v=50, seed=0):
+    rng = np.random.default_rng(seed)
+    hidden = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+    unembed = jnp.asarray(rng.normal(size=(d, v)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, v, (b, t)), jnp.int32)
+    return hidden, unembed, targets
+
+
+def _full_logprobs(h, u, y):
+    return jnp.take_along_axis(jax.nn.log_softmax(h @ u, axis=-1), y[..., None], axis=-1)[..., 0]
+
+
+@pytest.mark.parametrize("chunk", [4, 5, 13, 64])
+def test_masked_logprobs_equal_full_ones_at_the_mask(chunk):
+    """Masked positions (scattered, a row with none, a row with all) get the full log-softmax value, the others 0,
+    and the gradients are those of the masked sum."""
+    h, u, y = _head_inputs()
+    mask = np.zeros((3, 13), np.int32)
+    mask[0, [1, 2, 7, 12]] = 1
+    mask[2, :] = 1
+    mask = jnp.asarray(mask)
+    got = chunked_logprobs(h, u, y, chunk, mask)
+    want = jnp.where(mask > 0, _full_logprobs(h, u, y), 0.0)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    g_got = jax.grad(lambda h, u: jnp.sum(chunked_logprobs(h, u, y, chunk, mask) * 1.7), argnums=(0, 1))(h, u)
+    g_want = jax.grad(lambda h, u: jnp.sum(jnp.where(mask > 0, _full_logprobs(h, u, y), 0.0) * 1.7),
+                      argnums=(0, 1))(h, u)
+    for a, b in zip(g_got, g_want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    with pytest.raises(ValueError, match="mask shape"):
+        chunked_logprobs(h, u, y, chunk, mask[:, :5])
+
+
+def test_masked_logprobs_skip_chunks_without_loss_tokens():
+    """Hidden states outside the mask are NaN: the chunks that hold only them must never reach the head matmul,
+    forward or backward, or the unembedding's gradient turns NaN (as it does when the mask is not given)."""
+    h, u, y = _head_inputs(b=2, t=16)
+    mask = np.zeros((2, 16), np.int32)
+    mask[0, [0, 3, 5, 6, 9, 10, 11, 15]] = 1  # 8 positions: after the per-row sort, exactly chunks 0 and 1
+    mask[1, 4:8] = 1                            # 4 positions: chunk 0
+    mask = jnp.asarray(mask)
+    h = jnp.where(mask[..., None] > 0, h, jnp.nan)
+    loss = lambda h, u, m: jnp.sum(chunked_logprobs(h, u, y, 4, m))  # noqa: E731
+    value, (g_h, g_u) = jax.value_and_grad(loss, argnums=(0, 1))(h, u, mask)
+    assert np.isfinite(float(value)) and np.isfinite(np.asarray(g_u)).all()
+    assert np.isfinite(np.asarray(g_h)[np.asarray(mask) > 0]).all()
+    assert np.all(np.asarray(g_h)[np.asarray(mask) == 0] == 0)
+    assert not np.isfinite(np.asarray(jax.grad(lambda u: loss(h, u, None))(u))).all()  # the test can fail
+
+
 def test_packed_equals_unpacked(tiny):
     cfg, params = tiny
     rng = np.random.default_rng(1)
