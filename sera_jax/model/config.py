@@ -34,7 +34,7 @@ class Qwen3Config:
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # master-weight dtype
     remat: bool = False  # rematerialise each layer in the backward pass (activation memory ∝ 1 layer)
-    logits_chunk: int = 1024  # tokens per chunk in token_logprobs (never a full [T, V] logits tensor)
+    logits_chunk: int = 1024  # tokens per device per step of the loss head (never a full [T, V] logits tensor)
 
     def __post_init__(self) -> None:
         errors = []

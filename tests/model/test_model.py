@@ -61,11 +61,12 @@ def test_token_logprobs_equal_full_log_softmax(tiny):
 
 
 def test_chunked_logprobs_never_builds_full_logits():
-    """The jaxpr of a long sequence holds no [tokens, vocab] array, only [chunk, vocab] ones."""
+    """The jaxpr of long rows holds no [tokens, vocab] array, only ones of ``chunk`` tokens (over all the rows of a
+    step: 4 rows of 32 positions here) by vocab."""
     d, v, t, chunk = 8, 1000, 4096, 128
-    hidden = jax.ShapeDtypeStruct((1, t, d), jnp.float32)
+    hidden = jax.ShapeDtypeStruct((4, t, d), jnp.float32)
     unembed = jax.ShapeDtypeStruct((d, v), jnp.float32)
-    targets = jax.ShapeDtypeStruct((1, t), jnp.int32)
+    targets = jax.ShapeDtypeStruct((4, t), jnp.int32)
     jaxpr = jax.make_jaxpr(jax.grad(lambda h, u, y: chunked_logprobs(h, u, y, chunk).sum(), argnums=(0, 1)))(
         hidden, unembed, targets)
     sizes = set()
@@ -115,12 +116,14 @@ def test_masked_logprobs_equal_full_ones_at_the_mask(chunk):
 
 
 def test_masked_logprobs_skip_chunks_without_loss_tokens():
-    """Hidden states outside the mask are NaN: the chunks that hold only them must never reach the head matmul,
-    forward or backward, or the unembedding's gradient turns NaN (as it does when the mask is not given)."""
+    """Hidden states outside the mask are NaN: they must never reach the head matmul, forward or backward, or the
+    unembedding's gradient turns NaN (as it does when the mask is not given). chunk 4 over 2 rows: steps of 2
+    positions per row; after the per-row sort row 0 fills steps 0-3, row 1 steps 0-1 (its NaNs share steps 2-3 with
+    row 0's loss tokens), steps 4-7 hold no loss token in any row."""
     h, u, y = _head_inputs(b=2, t=16)
     mask = np.zeros((2, 16), np.int32)
-    mask[0, [0, 3, 5, 6, 9, 10, 11, 15]] = 1  # 8 positions: after the per-row sort, exactly chunks 0 and 1
-    mask[1, 4:8] = 1                            # 4 positions: chunk 0
+    mask[0, [0, 3, 5, 6, 9, 10, 11, 15]] = 1
+    mask[1, 4:8] = 1
     mask = jnp.asarray(mask)
     h = jnp.where(mask[..., None] > 0, h, jnp.nan)
     loss = lambda h, u, m: jnp.sum(chunked_logprobs(h, u, y, 4, m))  # noqa: E731

@@ -1,6 +1,7 @@
 """Sharding over 8 fake CPU devices: real 1/N shards where the rules say so, and unchanged numerics."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -137,3 +138,46 @@ def test_mesh_config_from_yaml():
     assert mc.resolve(16) == (2, 8, 1) and mc.dcn_data == 2
     with pytest.raises(ValueError, match="unknown mesh keys"):
         MeshConfig.from_dict({"pipeline": 2})
+
+
+def _collective_shapes(hlo: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Returns (op, result shape) of every cross-device collective in compiled HLO text (tuple results: each part)."""
+    out = []
+    for m in re.finditer(r"= (\(.*?\)|\S+) (all-reduce|all-gather|all-to-all|reduce-scatter|collective-permute)"
+                         r"(?:-start)?\(", hlo):
+        for dims in re.findall(r"[a-z]+[0-9]*\[([0-9,]*)\]", m.group(1)):
+            out.append((m.group(2), tuple(int(x) for x in dims.split(",") if x)))
+    return out
+
+
+def test_output_head_keeps_rows_split_and_moves_no_logits():
+    """FSDP over 8 devices (one host of the paper's mesh): the loss head computes each device's own rows against the
+    unembedding gathered once. No collective may carry logits (anything vocab-sized but the [D, V] unembedding and
+    its gradient): a head loop over the row axis makes XLA split the hidden size instead and all-reduce every
+    chunk's [chunk, V] partial logits, forward and in the rematerialised backward. Values equal one device's."""
+    cfg = Qwen3Config.preset("tiny")  # V 512, D 64, chunk 64: no other dimension below is 512
+    params = init_params(jax.random.key(0), cfg)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (8, 48)), jnp.int32)
+    targets = jnp.roll(tokens, -1, axis=1)
+    mask = jnp.asarray(rng.random((8, 48)) < 0.4, jnp.int32)
+    loss = lambda p, t, y, m: token_logprobs(p, cfg, t, y, mask_BT=m).sum() / m.sum()  # noqa: E731
+    ref_loss, ref_grad = jax.value_and_grad(loss)(params, tokens, targets, mask)
+
+    fsdp = make_mesh(MeshConfig(data=1, fsdp=8, tensor=1))
+    with activate(fsdp, TRAIN_RULES):
+        p_shard = param_shardings(cfg, fsdp, TRAIN_RULES)
+        rows = NamedSharding(fsdp, mesh_spec(("batch", "length"), TRAIN_RULES))
+        args = (jax.device_put(params, p_shard),) + tuple(jax.device_put(x, rows) for x in (tokens, targets, mask))
+        step = jax.jit(jax.value_and_grad(loss), out_shardings=(None, p_shard))
+        hlo = step.lower(*args).compile().as_text()
+        got_loss, got_grad = step(*args)
+
+    shapes = _collective_shapes(hlo)
+    assert any(op == "all-gather" for op, _ in shapes), "the FSDP step gathers no weights: is it sharded at all?"
+    v, d = cfg.vocab_size, cfg.hidden_size
+    logits_like = [(op, s) for op, s in shapes if v in s and sorted(s) != sorted((v, d))]
+    assert not logits_like, f"collectives carrying logits: {logits_like}"
+    np.testing.assert_allclose(float(got_loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(ref_grad)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4)
