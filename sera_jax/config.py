@@ -119,6 +119,9 @@ class RolloutSection:
     max_completion_tokens: int = 512     # TC 512 / TW 3072
     max_prompt_tokens: int = 9600        # TC 9600 / TW 10240 (truncation threshold, §1.3)
     context_tokens: int = 10240          # serving context: TC 10240 / TW 13312
+    # Sampling engines per host, one per local device from the first (each its own bf16 weights, KV pool and
+    # decode loop; a task group's trees share one engine); null = every local GPU, 1 on CPU.
+    engines: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,6 +86,8 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(0 <= w.fork_demo_tasks <= w.demo_tasks, "warmstart.fork_demo_tasks",
          f"must lie in [0, warmstart.demo_tasks = {w.demo_tasks}], got {w.fork_demo_tasks}")
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must lie in (0, 1]")
+    eng = cfg.rollout.engines
+    need(eng is None or eng >= 1, "rollout.engines", f"must be ≥ 1 (or null), got {eng}")
     for sec in ("rollout", "eval"):
         s = getattr(cfg, sec)
         need(s.max_prompt_tokens + s.max_completion_tokens <= s.context_tokens, f"{sec}.context_tokens",

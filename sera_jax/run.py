@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import jax
 
@@ -18,12 +18,13 @@ from sera_jax.agents.launchers import make_launcher_factory, usable_trees
 from sera_jax.agents.runtime import run_trees, start_pool
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.checkpoint import Checkpointer, sha256_file
-from sera_jax.config import RunConfig, check_mesh
+from sera_jax.config import ConfigError, RunConfig, check_mesh
 from sera_jax.metrics import MetricsWriter
 from sera_jax.model import init_params, load_pretrained
-from sera_jax.parallel.mesh import MeshConfig, initialize_distributed, make_mesh
+from sera_jax.parallel.mesh import initialize_distributed, make_mesh
 from sera_jax.rl.optim import make_optimizer
-from sera_jax.sampling import Engine, EngineConfig
+from sera_jax.sampling import EngineConfig
+from sera_jax.sampling.replicas import EngineReplicas
 from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.tiny_tokenizer import resolve_tokenizer
 from sera_jax.train import DataStream, Loop, StepOutcome, make_meta
@@ -83,17 +84,35 @@ def stage_settings(settings: RuntimeSettings, cfg: RunConfig, stage: str, versio
     return dataclasses.replace(settings, policy_version=version)
 
 
-def engine_config(cfg: RunConfig, model_dtype: str) -> EngineConfig:
-    """Returns the engine sizes for the run: enough rows for every in-flight agent of the groups in flight."""
+def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
+    """Returns how many sampling engines this host runs (``rollout.engines``; null = every local GPU, 1 on CPU,
+    where fake devices share the same cores). Raises ConfigError when the host has fewer devices."""
+    n = cfg.rollout.engines
+    if n is None:
+        return len(local_devices) if jax.default_backend() == "gpu" else 1
+    if n > len(local_devices):
+        raise ConfigError(f"rollout.engines: {n} engines need {n} local devices, this host has {len(local_devices)}")
+    return n
+
+
+KV_FRACTION = 0.35         # of each device's memory for the policy engines' KV pools
+JUDGE_KV_FRACTION = 0.05   # of the first device's, taken from the above, for a policy_frozen judge's engine
+
+
+def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fraction: float = KV_FRACTION
+                  ) -> EngineConfig:
+    """Returns one engine's sizes: rows for its share (of ``engines``) of the in-flight agents of the groups in
+    flight, a KV pool of at most ``kv_fraction`` of device memory."""
     r = cfg.rollout
-    rows = 1 << max(3, (r.groups_in_flight * r.trees_per_task * 2 - 1).bit_length())
+    groups = -(-r.groups_in_flight // engines)
+    rows = 1 << max(3, (groups * r.trees_per_task * 2 - 1).bit_length())
     rows = min(rows, 256)
     block = 16
     blocks_per_seq = -(-r.context_tokens // block)
     # The pool holds what fits in a share of device memory (paged: rows share it; a request waits when it is full).
     m = cfg.model_config()
     bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
-    budget = kv_cache_budget_bytes()
+    budget = kv_cache_budget_bytes(kv_fraction)
     num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
     shapes = (cpu_shapes(rows, r.context_tokens, block) if jax.default_backend() == "cpu"
               else dict(max_prefill_len=min(2048, r.context_tokens)))
@@ -160,29 +179,41 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     del params
     step_fn = make_train_step(model_cfg, tx, cfg.step, mesh=mesh, state=state)
     sampler_dtype = "bfloat16" if jax.default_backend() == "gpu" else model_cfg.dtype
-    engine = Engine(model_cfg, state.params, engine_config(cfg, sampler_dtype), tokenizer=tokenizer,
-                    mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]), seed=cfg.train.seed)
     tasks, files = load_env_tasks(cfg)
     method = cfg.method_config()
     env = cfg.env.name
     settings = runtime_settings(cfg)
-    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
-    judge = None
+    frozen_judge = env != "textcraft" and method.uses("rubric_generation") and cfg.judge.kind == "policy_frozen"
+    # One engine per local device (rollout.engines), each with its own pool; a task group runs on one of them.
+    local = jax.local_devices()
+    n_engines = num_engines(cfg, local)
+    kv = KV_FRACTION - (JUDGE_KV_FRACTION if frozen_judge else 0.0)
+    engine = EngineReplicas.build(model_cfg, state.params, engine_config(cfg, sampler_dtype, n_engines, kv),
+                                  devices=local[:n_engines], tokenizer=tokenizer, seed=cfg.train.seed)
+    judge = judge_engine = None
     if env != "textcraft" and method.uses("rubric_generation"):
-        from sera_jax.agents.judge import make_judge
+        from sera_jax.agents.judge import frozen_policy_engine, make_judge
 
         j = cfg.judge
+        if frozen_judge:
+            # The initial policy's weights, never updated (the run's restore comes later and publishes only to
+            # the policy engines): labels do not drift with training.
+            judge_engine = frozen_policy_engine(
+                model_cfg, state.params, engine_config(cfg, sampler_dtype, cfg.rollout.groups_in_flight,
+                                                       JUDGE_KV_FRACTION), tokenizer, device=local[0])
         judge = make_judge(env, {"kind": "chat", "base_url": j.endpoint, "model": j.model} if j.kind == "openai"
-                           else {"kind": "policy_frozen"}, generator=engine, tokenizer=tokenizer)
+                           else {"kind": "policy_frozen"}, generator=judge_engine, tokenizer=tokenizer)
+    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
 
     async def run_group(task, stage: str, version: int):
         factory = make_launcher_factory(stage, method, env, judge=judge, max_context=settings.max_context)
-        trees = await run_trees([task], ENV_RUNTIME_NAMES[env], engine, tokenizer,
-                                stage_settings(settings, cfg, stage, version),
-                                rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,
-                                max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
-                                textworld_rules=cfg.env.rules)
-        trees = await factory.finalize(trees)
+        with engine.pinned():  # the group's trees, forks and scoring calls share one engine's prefix cache
+            trees = await run_trees([task], ENV_RUNTIME_NAMES[env], engine, tokenizer,
+                                    stage_settings(settings, cfg, stage, version),
+                                    rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,
+                                    max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
+                                    textworld_rules=cfg.env.rules)
+            trees = await factory.finalize(trees)
         return usable_trees(trees)
 
     checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
@@ -200,12 +231,15 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                 metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
                                                 data_files=data_files), trees_dir=out_dir / "trees")
     loop.tokenizer = tokenizer  # for callers that render trees or evaluate
-    loop.engine = engine
+    loop.engine = engine  # EngineReplicas: the policy's sampling engines
+    loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
     loop.restore_latest()
     try:
         yield loop
     finally:
         engine.close()
+        if judge_engine is not None:
+            judge_engine.close()
         if pool is not None:
             await pool.close()
         checkpointer.close()
