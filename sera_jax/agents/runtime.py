@@ -23,6 +23,7 @@ assigns to it (``Pinning(num_hosts, host_index).local(items)``); nothing here is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
@@ -188,11 +189,16 @@ async def run_trees(tasks: Sequence[Any], env_name: str, generator: Generator, t
         pool = own_pool = await start_pool(1)
     gate = asyncio.Semaphore(max_concurrent)
 
+    # A generator of several engines (sampling.replicas) pins each tree to one, so its turns reuse that engine's
+    # prefix cache; inside an outer pin (a task group's) the tree keeps the outer engine.
+    pin = getattr(generator, "pinned", None) or contextlib.nullcontext
+
     async def one(task, r):
         async with gate:
-            launcher = launcher_factory(task, r) if launcher_factory is not None else None
-            return await run_tree(task, env_name, generator, tokenizer, settings, rollout_index=r, pool=pool,
-                                  launcher=launcher, trace=trace, textworld_rules=textworld_rules)
+            with pin():
+                launcher = launcher_factory(task, r) if launcher_factory is not None else None
+                return await run_tree(task, env_name, generator, tokenizer, settings, rollout_index=r, pool=pool,
+                                      launcher=launcher, trace=trace, textworld_rules=textworld_rules)
 
     try:
         return list(await asyncio.gather(*(one(t, r) for t, r in items)))

@@ -14,6 +14,7 @@ from sera_jax.agents.records import dumps_tree, read_jsonl, write_jsonl
 from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.model import Qwen3Config, init_params
+from sera_jax.parallel import MeshConfig, make_mesh
 from sera_jax.sampling.engine import Engine
 from sera_jax.sampling.engine_config import EngineConfig
 
@@ -117,3 +118,38 @@ def test_tiny_model_deterministic_replay(engine, tok, tc_task):
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
         x.logprobs = y.logprobs = []
     assert dumps_tree(a) == dumps_tree(b)
+
+
+def test_run_trees_pins_each_tree_to_one_engine_replica(engine, tok, tw_task):
+    """With one engine per device (sampling.replicas), every turn of a tree goes to the engine the tree was pinned
+    to (its history stays in that engine's prefix cache), and concurrent trees spread over the engines."""
+    from sera_jax.agents.runtime import run_trees
+    from sera_jax.sampling.replicas import EngineReplicas
+
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 (fake) devices: run via tools/run_tests.sh")
+    reps = EngineReplicas([engine] + [Engine(engine.model_cfg, engine.params, engine.config, tokenizer=tok,
+                                             mesh=make_mesh(MeshConfig(1, 1, 1), jax.devices()[1:2]))])
+
+    class PinRecording:
+        def __init__(self):
+            self.calls = []
+
+        def pinned(self):
+            return reps.pinned()
+
+        async def generate(self, prompt_ids, params, key=None):
+            self.calls.append((CURRENT_TURN.get().tree_id, reps.engines.index(reps.pinned_engine())))
+            return await reps.generate(prompt_ids, params, key)
+
+    gen = PinRecording()
+    s = RuntimeSettings.for_env("textworld_sync", max_prompt_tokens=3500, max_context=4096, max_new_tokens=24,
+                                max_steps=3)
+    try:
+        trees = asyncio.run(run_trees([tw_task], "textworld_sync", gen, tok, s, rollouts_per_task=2))
+    finally:
+        reps.engines[1].close()
+    owner = {}
+    for tree_id, i in gen.calls:
+        assert owner.setdefault(tree_id, i) == i, f"tree {tree_id} moved between engines"
+    assert sorted(owner.values()) == [0, 1] and {t.id for t in trees} == set(owner)
