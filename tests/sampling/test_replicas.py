@@ -66,7 +66,7 @@ def test_pinned_groups_stay_on_one_engine_and_share_its_prefix_cache(replicas, e
     got = [r for _, results in out for r in results]
     for a, b in zip(got, single):
         assert a.token_ids == b.token_ids
-        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)  # batch mix and cached prefixes: fp32 order
 
 
 def test_unpinned_requests_spread_and_nested_pins_keep_the_outer(replicas):
