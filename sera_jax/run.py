@@ -183,7 +183,8 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     method = cfg.method_config()
     env = cfg.env.name
     settings = runtime_settings(cfg)
-    frozen_judge = env != "textcraft" and method.uses("rubric_generation") and cfg.judge.kind == "policy_frozen"
+    tw_rubric_stage = env != "textcraft" and method.uses("rubric_generation")  # the one stage that asks a judge
+    frozen_judge = tw_rubric_stage and cfg.judge.kind == "policy_frozen"
     # One engine per local device (rollout.engines), each with its own pool; a task group runs on one of them.
     local = jax.local_devices()
     n_engines = num_engines(cfg, local)
@@ -191,7 +192,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     engine = EngineReplicas.build(model_cfg, state.params, engine_config(cfg, sampler_dtype, n_engines, kv),
                                   devices=local[:n_engines], tokenizer=tokenizer, seed=cfg.train.seed)
     judge = judge_engine = None
-    if env != "textcraft" and method.uses("rubric_generation"):
+    if tw_rubric_stage:
         from sera_jax.agents.judge import frozen_policy_engine, make_judge
 
         j = cfg.judge

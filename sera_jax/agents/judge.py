@@ -243,13 +243,13 @@ class _Spent:
 
 def frozen_policy_engine(model_cfg: Any, params: Any, engine_config: Any, tokenizer: Any, device: Any = None) -> Any:
     """Returns an Engine on ``device`` (default: the first) serving a private copy of ``params`` (the initial
-    policy), unaffected by later updates."""
+    policy), unaffected by later updates: the engine places its weights without aliasing the caller's buffers, and
+    nothing ever calls its ``load_weights``."""
     from sera_jax.parallel.mesh import MeshConfig, make_mesh
     from sera_jax.sampling.engine import Engine
 
-    frozen = jax.tree.map(lambda x: jax.numpy.array(x, copy=True), params)
     mesh = None if device is None else make_mesh(MeshConfig(1, 1, 1), [device])
-    return Engine(model_cfg, frozen, engine_config, tokenizer=tokenizer, mesh=mesh)
+    return Engine(model_cfg, params, engine_config, tokenizer=tokenizer, mesh=mesh)
 
 
 def make_judge(env: str, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:

@@ -32,9 +32,8 @@ def chunked_logprobs(hidden_BTD: Float[Array, "B T D"], unembed_DV: Float[Array,
     With ``mask_BT`` only the masked positions are wanted (the loss tokens of a training batch; prompts and padding
     are not): each row's masked positions are moved to its front (a stable per-row sort), a step where no row has
     any is skipped (``lax.cond``, forward and backward), and unmasked positions return 0 (their hidden states never
-    enter the matmul). In agent rollouts most
-    tokens are prompt, so most of the [tokens × vocab] head matmul is skipped; the wanted values are the same
-    function.
+    enter the matmul). In agent rollouts most tokens are prompt, so most of the [tokens × vocab] head matmul is
+    skipped; the wanted values are the same function.
     """
     b, t, d = hidden_BTD.shape
     h_BTD, y_BT = hidden_BTD, targets_BT
