@@ -45,7 +45,7 @@ def build_tree(tmp_path: Path) -> Tree:
     """A real tree from the runtime, then a rubric score on the child and a fork group, as the launchers write them."""
     from envs_py.textcraft import load_tasks
     from sera_jax.agents.rubric import Score
-    from sera_jax.agents.rubric_launcher import apply_score
+    from sera_jax.agents.launchers.rubric import apply_score
     from sera_jax.agents.runtime import run_tree
     from sera_jax.agents.scripted import ScriptedGenerator
     from sera_jax.agents.settings import RuntimeSettings
@@ -79,7 +79,7 @@ def build_tree(tmp_path: Path) -> Tree:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """Returns (trees.jsonl path, report.html path, tree): the tree file written, then rendered by sera-view."""
-    from sera_jax.cli_tools import view_main
+    from sera_jax.cli.view import main as view_main
 
     d = tmp_path_factory.mktemp("viewer")
     tree = build_tree(d)

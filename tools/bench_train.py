@@ -61,7 +61,7 @@ from sera_jax.model import Qwen3Config, init_params, save_pretrained  # noqa: E4
 from sera_jax.rl.batch import pack_datums  # noqa: E402
 from sera_jax.rl.datums import Datum  # noqa: E402
 from sera_jax.rl.optim import OptimConfig, make_optimizer  # noqa: E402
-from sera_jax.trainer import StepConfig, init_train_state, make_train_step, stack_micro_batches  # noqa: E402
+from sera_jax.training.step import StepConfig, init_train_state, make_train_step, stack_micro_batches  # noqa: E402
 
 # "Small but not trivial": matmuls of a few hundred wide dominate, not per-op dispatch.
 FULL = dict(model=dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6,

@@ -37,11 +37,11 @@ fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 echo "== train step =="
-"$PY" -m sera_jax.cli_tools profile "${TINY[@]}" --out "$OUT/train" "${ARGS[@]}" | tee "$LOG"
+"$PY" -m sera_jax.cli.profile "${TINY[@]}" --out "$OUT/train" "${ARGS[@]}" | tee "$LOG"
 TRAIN="$(grep '^RESULT ' "$LOG" | tail -1)"
 echo
 echo "== decode chunks =="
-"$PY" -m sera_jax.cli_tools profile "${TINY[@]}" --decode --out "$OUT/decode" "${ARGS[@]}" | tee "$LOG"
+"$PY" -m sera_jax.cli.profile "${TINY[@]}" --decode --out "$OUT/decode" "${ARGS[@]}" | tee "$LOG"
 DECODE="$(grep '^RESULT ' "$LOG" | tail -1)"
 
 field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }

@@ -41,7 +41,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import jax
 
-    from sera_jax.cli_tools import format_report, result_line
+    from sera_jax.cli.profile import format_report, result_line
     from sera_jax.profiling.train import TrainShape, plan_memory, profile_train
 
     # 16,384 positions per step by default: XLA's dense attention keeps [rows, heads, T, T] fp32 scores per layer,

@@ -20,10 +20,13 @@ from typing import Any
 
 from envs_py.core import CheckResult, StepResult
 from envs_py.textcraft.session import TextCraftSession
+from envs_py.textcraft.solver import gold_plan
+from envs_py.textworld_sync.coordinator import Coordinator
+from sera_jax.agents.env_name import TEXTCRAFT, TEXTWORLD
 
 RUNTIME_FACTORIES = {
-    "textcraft": "sera_jax.agents.envs:RuntimeTextCraftSession.from_task",
-    "textworld_sync": "envs_py.textworld_sync.world:make_world",
+    TEXTCRAFT: "sera_jax.agents.envs:RuntimeTextCraftSession.from_task",
+    TEXTWORLD: "envs_py.textworld_sync.world:make_world",
 }
 _branch_ids = itertools.count()
 
@@ -49,8 +52,6 @@ class RuntimeTextCraftSession(TextCraftSession):
 
     def local_plan(self, agent_id: str) -> list | None:
         """Returns a gold plan for the agent's targets from its start inventory (None when none exists)."""
-        from envs_py.textcraft.solver import gold_plan
-
         rec = self.world.agents.get(agent_id)
         return None if rec is None else gold_plan(self.world.book, rec.start_inventory, rec.targets)
 
@@ -140,7 +141,7 @@ class PoolTextWorldEnv:
     async def create(cls, pool: Any, tree_id: str, task: Any, *, rules: str = "reference"):
         """Returns a handle on a fresh world for ``task`` in ``pool``."""
         env = cls(pool, _pool_tree_id(tree_id))
-        await pool.create(env.pool_tree_id, "textworld_sync", task, rules=rules)
+        await pool.create(env.pool_tree_id, TEXTWORLD, task, rules=rules)
         return env
 
     async def add_agent(self, agent_id: str) -> None:
@@ -187,8 +188,6 @@ class LocalTextWorldEnv:
 
     @classmethod
     async def create(cls, task: Any, *, rules: str = "reference") -> "LocalTextWorldEnv":
-        from envs_py.textworld_sync.coordinator import Coordinator
-
         return cls(Coordinator(task, rules))
 
     async def add_agent(self, agent_id: str) -> None:

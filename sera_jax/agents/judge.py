@@ -33,10 +33,13 @@ from typing import Any, Sequence
 
 import jax
 
+from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.phases import span
 from sera_jax.agents.policy_call import CallSpec, policy_call
 from sera_jax.agents.records import Node
 from sera_jax.agents.rubric import extract_json_object, truncate_context
-from sera_jax.agents.trace import span
+from sera_jax.parallel.mesh import MeshConfig, make_mesh
+from sera_jax.sampling.engine import Engine
 
 JUDGE_SYSTEM = (
     "You judge one sub-agent of a multi-agent system. Decide whether it completed the goal it was assigned and "
@@ -245,14 +248,12 @@ def frozen_policy_engine(model_cfg: Any, params: Any, engine_config: Any, tokeni
     """Returns an Engine on ``device`` (default: the first) serving a private copy of ``params`` (the initial
     policy), unaffected by later updates: the engine places its weights without aliasing the caller's buffers, and
     nothing ever calls its ``load_weights``."""
-    from sera_jax.parallel.mesh import MeshConfig, make_mesh
-    from sera_jax.sampling.engine import Engine
 
     mesh = None if device is None else make_mesh(MeshConfig(1, 1, 1), [device])
     return Engine(model_cfg, params, engine_config, tokenizer=tokenizer, mesh=mesh)
 
 
-def make_judge(env: str, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:
+def make_judge(env: EnvName, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:
     """Returns the label source for ``env``: programmatic for TextCraft; for TextWorld ``config["kind"]`` chooses
     "chat" (``base_url``, ``model``, optional ``api_key``, ``timeout_s``, ``max_attempts``) or "policy_frozen"
     (``generator`` = an engine over frozen initial params, ``tokenizer``)."""

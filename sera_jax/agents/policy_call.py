@@ -25,7 +25,7 @@ import jax
 from sera_jax.agents.harness import CURRENT_TURN, TurnInfo
 from sera_jax.agents.keys import turn_key
 from sera_jax.agents.records import Turn
-from sera_jax.agents.trace import SIDE_CALL_KINDS, span
+from sera_jax.agents.phases import SIDE_CALL_KINDS, span
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.sampling.types import SamplingParams
 

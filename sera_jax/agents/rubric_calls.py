@@ -10,10 +10,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sera_jax.agents.policy_call import RUBRIC_PROMPT_BUDGET, CallResult, CallSpec, policy_call
+from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.policy_call import (
+    RUBRIC_PROMPT_BUDGET,
+    CallResult,
+    CallSpec,
+    policy_call,
+)
 from sera_jax.agents.records import Node
-from sera_jax.agents.rubric import (CHILD_TOOLS_TEXT, RubricContext, Score, child_trajectory_view, parse_rubric,
-                                    parse_score, rubric_request, score_request)
+from sera_jax.agents.rubric import (
+    CHILD_TOOLS_TEXT,
+    RubricContext,
+    Score,
+    child_trajectory_view,
+    parse_rubric,
+    parse_score,
+    rubric_request,
+    score_request,
+)
 
 FAILURE_POLICIES = ("drop_trajectory", "skip_rollout", "fallback_binary")
 
@@ -65,7 +79,7 @@ class RubricConfig:
         return CallSpec(temperature, max_tokens, budget, self.max_context)
 
 
-def child_tools(env: str) -> str:
+def child_tools(env: EnvName) -> str:
     """Returns the child-tools text of the rubric prompt (the TextCraft list; the reference also shows it for
     TextWorld in the ranking stage, so TextWorld's own action kinds are used only in the execution stage)."""
     return CHILD_TOOLS_TEXT if env == "textcraft" else "action, inventory, delegate, finish"
@@ -94,7 +108,7 @@ async def observable_state(env: Any) -> dict[str, Any]:
         return {}
 
 
-def rubric_context(parent: Node, messages: list[dict], action: str, state: dict, child_goal: str, *, env: str,
+def rubric_context(parent: Node, messages: list[dict], action: str, state: dict, child_goal: str, *, env: EnvName,
                    child_budget: int, metadata: dict[str, Any]) -> RubricContext:
     """Returns the rubric writer's inputs at one delegation point."""
     return RubricContext(parent_goal=parent.goal, metadata=metadata, parent_messages=messages, parent_action=action,

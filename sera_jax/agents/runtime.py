@@ -29,13 +29,19 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
-from sera_jax.agents.codeact import CodeActEpisode
-from sera_jax.agents.envs import RUNTIME_FACTORIES, LocalTextWorldEnv, PoolTextWorldEnv, TextCraftTreeEnv
+from envs_py.workers import WorkerPool
+from sera_jax.agents.envs import (
+    RUNTIME_FACTORIES,
+    LocalTextWorldEnv,
+    PoolTextWorldEnv,
+    TextCraftTreeEnv,
+)
 from sera_jax.agents.harness import Trace, TreeRun, run_episode
 from sera_jax.agents.keys import stable_hash, tree_key
-from sera_jax.agents.launcher import DefaultLauncher
+from sera_jax.agents.launchers.base import DefaultLauncher
 from sera_jax.agents.records import Tree
 from sera_jax.agents.settings import TEXTCRAFT, TEXTWORLD, RuntimeSettings
+from sera_jax.agents.textcraft import CodeActEpisode
 from sera_jax.agents.textworld import TextWorldEpisode
 from sera_jax.sampling.types import Generator
 
@@ -61,8 +67,6 @@ class Pinning:
 
 async def start_pool(workers: int = 1):
     """Returns a started env WorkerPool that knows the runtime's env factories (close it with ``await .close()``)."""
-    from envs_py.workers import WorkerPool
-
     return await WorkerPool(workers, factories=RUNTIME_FACTORIES).start()
 
 

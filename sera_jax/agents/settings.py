@@ -10,11 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sera_jax.agents.env_name import ENV_NAMES, TEXTCRAFT, TEXTWORLD, EnvName  # noqa: F401 (re-exported)
 from sera_jax.sampling.types import SamplingParams
 
-TEXTCRAFT = "textcraft"
-TEXTWORLD = "textworld_sync"
-ENV_NAMES = (TEXTCRAFT, TEXTWORLD)
 STUCK_MESSAGE = "Stuck in a loop, terminating early."
 EXHAUSTED_MESSAGE = "WARNING: Exhausted budget when running episode. Halting episode; task may be incomplete."
 
@@ -45,7 +43,7 @@ class RuntimeSettings:
     (``truncation.continue_prompt``) instead of re-encoding the conversation (the reference's rule; False).
     """
 
-    env: str = TEXTCRAFT
+    env: EnvName = TEXTCRAFT
     max_steps: int = 20
     max_depth: int = 3
     max_prompt_tokens: int = 9600
@@ -82,7 +80,7 @@ class RuntimeSettings:
                              f"({self.max_context}) for a completion")
 
     @classmethod
-    def for_env(cls, env: str, *, evaluation: bool = False, **overrides) -> "RuntimeSettings":
+    def for_env(cls, env: EnvName, *, evaluation: bool = False, **overrides) -> "RuntimeSettings":
         """Returns the spec defaults of ``env`` ("textcraft" | "textworld_sync") for training or evaluation
         (temperature 0 and the evaluation prompt cap), with ``overrides`` applied."""
         if env == TEXTCRAFT:

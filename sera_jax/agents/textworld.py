@@ -18,7 +18,7 @@ from __future__ import annotations
 from envs_py.textworld_sync import messages as M
 from envs_py.textworld_sync.protocol import parse_reply
 from sera_jax.agents.harness import Episode, TreeRun, run_episode
-from sera_jax.agents.launcher import ChildSpec, LaunchRequest
+from sera_jax.agents.launchers.base import ChildSpec, LaunchRequest
 from sera_jax.agents.records import DelegationPoint, Node, Turn
 from sera_jax.agents.textworld_prompt import system_prompt
 

@@ -25,6 +25,8 @@ from safetensors.numpy import save_file
 
 from sera_jax.model.config import Qwen3Config
 from sera_jax.model.qwen3 import Params, abstract_params
+from sera_jax.model.sharding import param_shardings
+from sera_jax.parallel.rules import TRAIN_RULES
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -155,8 +157,6 @@ def load_pretrained(hf_dir: str | Path, *, mesh: Mesh | None = None, rules=None,
     ckpt = _Checkpoint(hf_dir)
     target = abstract_params(cfg)
     if mesh is not None:
-        from sera_jax.parallel.rules import TRAIN_RULES, param_shardings
-
         shardings = param_shardings(cfg, mesh, rules or TRAIN_RULES)
     else:
         device = SingleDeviceSharding(jax.devices()[0])

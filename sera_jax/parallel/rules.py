@@ -92,17 +92,3 @@ def shardings(logical_specs, mesh: Mesh, rules: Rules):
     """Returns a tree of ``NamedSharding`` for a tree of logical ``PartitionSpec``s."""
     return jax.tree.map(lambda spec: NamedSharding(mesh, mesh_spec(spec, rules)), logical_specs,
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-
-def param_shardings(cfg, mesh: Mesh, rules: Rules = TRAIN_RULES):
-    """Returns ``NamedSharding``s for every Qwen3 parameter, after checking the mesh divides every dimension."""
-    from sera_jax.model.qwen3 import abstract_params, param_logical_axes
-
-    logical = param_logical_axes(cfg)
-    check_divisible(abstract_params(cfg), logical, mesh, rules)
-    return shardings(logical, mesh, rules)
-
-
-def shard_params(params, cfg, mesh: Mesh, rules: Rules = TRAIN_RULES):
-    """Returns ``params`` placed on ``mesh`` with the shardings the rules name."""
-    return jax.device_put(params, param_shardings(cfg, mesh, rules))

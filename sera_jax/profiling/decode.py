@@ -15,8 +15,16 @@ import dataclasses
 import time
 from typing import Any
 
-from sera_jax.profiling.flops import HBM_BYTES_PER_S, PEAK_FLOPS, decode_flops, kv_bytes_per_token, peak_memory_bytes
+from sera_jax.model import Qwen3Config, init_params
+from sera_jax.profiling.flops import (
+    HBM_BYTES_PER_S,
+    PEAK_FLOPS,
+    decode_flops,
+    kv_bytes_per_token,
+    peak_memory_bytes,
+)
 from sera_jax.profiling.trace import profiler_trace
+from sera_jax.sampling import Engine, EngineConfig, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +45,6 @@ class DecodeShape:
 
 
 def _engine_config(shape: DecodeShape, chunks: int, tiny: bool):
-    from sera_jax.sampling import EngineConfig
-
     ctx = shape.prompt_len + chunks * shape.chunk_steps + 1
     width = -(-ctx // shape.block_size)
     opts = (("xla_backend_optimization_level", 0), ("xla_llvm_disable_expensive_passes", True)) if tiny else ()
@@ -61,9 +67,6 @@ def profile_decode(shape: DecodeShape, *, chunks: int, trace_dir=None, tiny: boo
     ``roofline`` (fraction of the HBM bound; None off GPU), ``peak_mem_bytes``, ``new_compiles`` (must be 0)."""
     import jax
     import numpy as np
-
-    from sera_jax.model import Qwen3Config, init_params
-    from sera_jax.sampling import Engine, SamplingParams
 
     backend = jax.default_backend()
     cfg = Qwen3Config.preset(shape.preset, dtype=shape.dtype, param_dtype=shape.dtype)

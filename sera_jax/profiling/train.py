@@ -13,8 +13,23 @@ import functools
 import time
 from typing import Any
 
+from sera_jax.model import Qwen3Config, abstract_params, init_params, param_shardings
+from sera_jax.parallel import MeshConfig, make_mesh
+from sera_jax.parallel.mesh import activate
+from sera_jax.parallel.rules import TRAIN_RULES
 from sera_jax.profiling.flops import PEAK_FLOPS, peak_memory_bytes, train_flops
 from sera_jax.profiling.trace import profiler_trace
+from sera_jax.rl.batch import MicroBatch, pack_datums
+from sera_jax.rl.datums import Datum
+from sera_jax.rl.optim import OptimConfig, make_optimizer
+from sera_jax.training.step import (
+    batch_axis_size,
+    init_train_state,
+    make_train_step,
+    shard_train_state,
+    stack_micro_batches,
+    train_step,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +56,6 @@ def synthetic_datums(cfg, rows: int, row_len: int, seq_min: int, seed: int = 0) 
     ±1, behaviour logprobs ≈ an untrained model's (−log V + noise)."""
     import numpy as np
 
-    from sera_jax.rl.datums import Datum
-
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(rows):
@@ -62,8 +75,6 @@ def synthetic_datums(cfg, rows: int, row_len: int, seq_min: int, seed: int = 0) 
 
 def model_config(shape: TrainShape):
     """Returns the Qwen3 config of the profiled step (fp32 master weights)."""
-    from sera_jax.model import Qwen3Config
-
     over: dict[str, Any] = {}
     if shape.dtype:
         over["dtype"] = shape.dtype
@@ -79,11 +90,6 @@ def plan_memory(shape: TrainShape) -> dict[str, float]:
     can be planned on a laptop."""
     import jax
     import jax.numpy as jnp
-
-    from sera_jax.model import abstract_params
-    from sera_jax.rl.batch import MicroBatch
-    from sera_jax.rl.optim import OptimConfig, make_optimizer
-    from sera_jax.trainer import init_train_state, train_step
 
     cfg = model_config(shape)
     tx = make_optimizer(OptimConfig(warmup_steps=0))
@@ -110,14 +116,6 @@ def profile_train(shape: TrainShape, *, steps: int, trace_dir=None, peak_tflops:
     the backend reports none), ``state_bytes``, last ``loss`` / ``grad_norm`` / ``skipped``."""
     import jax
     import numpy as np
-
-    from sera_jax.model import init_params
-    from sera_jax.parallel import MeshConfig, make_mesh, param_shardings
-    from sera_jax.parallel.mesh import activate
-    from sera_jax.parallel.rules import TRAIN_RULES
-    from sera_jax.rl.batch import pack_datums
-    from sera_jax.rl.optim import OptimConfig, make_optimizer
-    from sera_jax.trainer import batch_axis_size, make_train_step, shard_train_state, stack_micro_batches
 
     backend = jax.default_backend()
     cfg = model_config(shape)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.records import Tree, TreeIndex
 from sera_jax.rl.datums import Datum, delegation_datums, execution_datums, rubric_datums
 from sera_jax.rl.rewards import env_success
@@ -162,7 +163,7 @@ class GroupCredit:
 
 
 def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *,
-                      decode: Callable[[list[int]], str] | None = None, env: str = "textcraft",
+                      decode: Callable[[list[int]], str] | None = None, env: EnvName = "textcraft",
                       filter_zero_variance: bool | None = None) -> GroupCredit:
     """Returns the stage's datums for the G root rollouts of one task, with advantages, and the §5.6 verdict.
 

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.records import Tree, TreeIndex, Turn
 from sera_jax.rl import rewards as R
 from sera_jax.rl.launch_spans import launch_token_mask
@@ -116,7 +117,7 @@ def _truncate_after_last(d: Datum) -> Datum:
                                logprobs=d.logprobs[:last + 1], versions=d.versions[:last + 1])
 
 
-def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: str = "textcraft",
+def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: EnvName = "textcraft",
                       invalid_reward: float = 0.0, success_gate: bool = False,
                       root_reward: float | None = None) -> list[Datum]:
     """Returns one delegation datum per launch event and per invalid launch attempt of one rollout.

@@ -2,10 +2,8 @@
 
 Both take (params, pool, row state, batch arrays) and return new values; nothing is hidden in closures except the
 static model config and block size. The row state is the part of the batch that lives on device between chunks, so
-the host can dispatch the next chunk before it has read the previous one::
-
-    state = {"token": [R] int32 (last sampled, not yet in the cache), "len": [R] int32 (tokens whose K/V are in the
-             pool), "n_gen": [R] int32 (tokens generated), "done": [R] bool}
+the host can dispatch the next chunk before it has read the previous one: a ``RowState`` pytree (token, len,
+n_gen, done; [R] each).
 
 ``R`` is the engine's maximum batch; a decode chunk works on the first ``b`` rows (a batch bucket). Per-row sampling
 settings are sent with every call (``RowConfig``): they are tiny and keep the device state minimal.
@@ -15,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -26,7 +25,19 @@ from sera_jax.sampling.attention import (append_window, gather_window, paged_att
 from sera_jax.sampling.paged_cache import Pool, write_kv, write_slots
 from sera_jax.sampling.sample import sample_tokens
 
-RowState = dict[str, jax.Array]
+@flax.struct.dataclass
+class RowState:
+    """The part of the batch that lives on device between chunks, one entry per engine row [R]."""
+
+    token: Int[Array, "R"]   # last sampled token, not yet in the cache
+    len: Int[Array, "R"]     # tokens whose K/V are in the pool
+    n_gen: Int[Array, "R"]   # tokens generated so far
+    done: Bool[Array, "R"]   # finished (or an empty row)
+
+    def set_rows(self, index, new: "RowState", **kw) -> "RowState":
+        """Returns the state with rows ``index`` replaced by ``new`` (``kw``: ``.at[].set`` options, e.g. mode)."""
+        return jax.tree.map(lambda old, n: old.at[index].set(n, **kw), self, new)
+
 # {"temperature": [b] f32, "top_p": [b] f32, "key": [b, 2] uint32, "stop_ids": [b, S] int32 (-1 pads),
 #  "max_new": [b] int32}
 RowConfig = dict[str, jax.Array]
@@ -38,8 +49,9 @@ MAX_WINDOW_BYTES = 1 << 30
 
 def init_state(rows: int) -> RowState:
     """Returns an all-finished row state for ``rows`` rows."""
-    return {"token": jnp.zeros((rows,), jnp.int32), "len": jnp.zeros((rows,), jnp.int32),
-            "n_gen": jnp.zeros((rows,), jnp.int32), "done": jnp.ones((rows,), bool)}
+    # Three distinct buffers: the engine donates the state, and one buffer may not be donated twice.
+    return RowState(token=jnp.zeros((rows,), jnp.int32), len=jnp.zeros((rows,), jnp.int32),
+                    n_gen=jnp.zeros((rows,), jnp.int32), done=jnp.ones((rows,), bool))
 
 
 def _paged_attention_fn(q, k, v, layer, aux):
@@ -131,8 +143,8 @@ def prefill(params, pool: Pool, state: RowState, tokens_BT: Int[Array, "B T"], c
     logits = jnp.einsum("bd,dv->bv", last, unembed, preferred_element_type=jnp.float32)
     tok, lp = sample_tokens(logits, rows["temperature"], rows["top_p"], rows["key"], jnp.zeros((b,), jnp.int32))
     done = _hits_stop(tok, rows["stop_ids"]) | (rows["max_new"] <= 1)
-    new_rows = {"token": tok, "len": ctx_len_B + new_len_B, "n_gen": jnp.ones((b,), jnp.int32), "done": done}
-    state = {k: state[k].at[slot_B].set(new_rows[k], mode="drop") for k in state}
+    new = RowState(token=tok, len=ctx_len_B + new_len_B, n_gen=jnp.ones((b,), jnp.int32), done=done)
+    state = state.set_rows(slot_B, new, mode="drop")
     return pool, state, tok, lp, done
 
 
@@ -147,8 +159,8 @@ def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"
     """
     b, w = table_BW.shape
     window = uses_window(pool, b, w)
-    st = {k: v[:b] for k, v in state.items()}
-    done0 = st["done"] | ~alive_B
+    st = jax.tree.map(lambda v: v[:b], state)
+    done0 = st.done | ~alive_B
     out_tok = jnp.full((b, steps), -1, jnp.int32)
     out_lp = jnp.zeros((b, steps), jnp.float32)
 
@@ -179,10 +191,9 @@ def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"
     layers = split_layers(params, cfg.num_layers) if window else []
     win = [dict(zip(("k", "v"), gather_window(pool["k"], pool["v"], i, table_BW))) for i in range(cfg.num_layers)
            ] if window else []
-    carry = (jnp.int32(0), pool, win, st["token"], st["len"], st["n_gen"], done0, out_tok, out_lp)
+    carry = (jnp.int32(0), pool, win, st.token, st.len, st.n_gen, done0, out_tok, out_lp)
     _, pool, _, tok, ln, ng, done, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
-    new_rows = {"token": tok, "len": ln, "n_gen": ng, "done": done}
-    state = {k: state[k].at[:b].set(new_rows[k]) for k in state}
+    state = state.set_rows(slice(0, b), RowState(token=tok, len=ln, n_gen=ng, done=done))
     return pool, state, out_tok, out_lp
 
 

@@ -35,7 +35,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from sera_jax.model.config import Qwen3Config
 from sera_jax.model.qwen3 import abstract_params
 from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
-from sera_jax.parallel.rules import SAMPLE_RULES, Rules, param_shardings
+from sera_jax.model.sharding import param_shardings
+from sera_jax.parallel.rules import SAMPLE_RULES, Rules
 from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill
 from sera_jax.sampling.engine_config import EngineConfig
 from sera_jax.sampling.paged_cache import make_pool, pool_sharding

@@ -16,7 +16,7 @@ from sera_jax.agents.judge import (ChatJudge, JudgeUnavailable, PolicyJudge, Pro
                                    make_judge, parse_judge_reply, usage_tokens)
 from sera_jax.agents.records import Node, Turn
 from sera_jax.agents.scripted import ScriptedGenerator
-from sera_jax.agents.trace import Trace, tracing
+from sera_jax.agents.phases import Trace, tracing
 
 
 class ChatServer:

@@ -13,13 +13,13 @@ import pytest
 from envs_py.workers import WorkerPool
 from sera_jax.agents.envs import RUNTIME_FACTORIES
 from sera_jax.agents.judge import PolicyJudge
-from sera_jax.agents.launchers import make_launcher_factory
+from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.runtime import run_tree, run_trees
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
-from sera_jax.agents.trace import Trace, phase_intervals, phase_times, subtract, tracing, union
+from sera_jax.agents.phases import Trace, phase_intervals, phase_times, subtract, tracing, union
 from sera_jax.rl.stages import method_config
-from sera_jax.step_stats import tree_metrics
+from sera_jax.training.stats import tree_metrics
 from tests.agents.rubric_scripts import TW_ROOT, rubric_text, score_text
 
 
@@ -140,7 +140,7 @@ def test_side_calls_and_judge_requests_are_spans_and_judge_tokens_reach_step_met
     assert len(trace.intervals("rubric")) == 1 and len(trace.intervals("score")) == 8
     times = phase_times(trace, t0, t1)
     assert times["scoring_busy_s"] > 0 and times["scoring_s"] <= t1 - t0
-    m = tree_metrics(trees, env="textworld")
+    m = tree_metrics(trees, env="textworld_sync")
     assert m["supervision/judge_calls"] == 10 and m["supervision/judge_labels"] == 7
     assert m["supervision/judge_prompt_tokens"] == sum(c[3] for c in judge_gen.calls)
     per_reply = {'{"success": true, "reason": "r"}': 7, "cannot tell": 3}

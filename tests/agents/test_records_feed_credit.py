@@ -35,7 +35,7 @@ def test_textcraft_tree_to_datums(tc_task, tok):
 
 def test_textworld_tree_to_datums(tw_task, tok):
     tree = _tree(tw_task, "textworld_sync", tok, nested_script(tw_task))
-    dl = delegation_datums(tree, tok.decode, env="textworld")
+    dl = delegation_datums(tree, tok.decode, env="textworld_sync")
     assert dl and all("<delegate>" in tok.decode([t for t, m in zip(d.tokens, d.mask) if m]) for d in dl)
     assert {d.node_id for d in dl if not d.meta["invalid"]} == {"root", "root/subagent-4-0",
                                                                 "root/subagent-4-0/subagent-0-0"}

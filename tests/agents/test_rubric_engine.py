@@ -13,7 +13,7 @@ import pytest
 
 from sera_jax.agents.harness import CURRENT_TURN
 from sera_jax.agents.judge import PolicyJudge, frozen_policy_engine
-from sera_jax.agents.launchers import make_launcher_factory
+from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.runtime import run_trees, start_pool
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings

@@ -13,7 +13,7 @@ from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.agents.truncation import build_prompt, continue_prompt
 from sera_jax.model.tokenizer import load_tokenizer, render_chatml
 from sera_jax.rl.datums import merge_turns
-from sera_jax.tiny_tokenizer import SHIPPED
+from sera_jax.warmstart.tokenizer import SHIPPED
 
 
 @pytest.fixture(scope="module")

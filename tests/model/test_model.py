@@ -134,6 +134,7 @@ def test_masked_logprobs_skip_chunks_without_loss_tokens():
     assert not np.isfinite(np.asarray(jax.grad(lambda u: loss(h, u, None))(u))).all()  # the test can fail
 
 
+@pytest.mark.slow
 def test_packed_equals_unpacked(tiny):
     cfg, params = tiny
     rng = np.random.default_rng(1)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sera_jax.model import Qwen3Config, forward, init_params, load_pretrained, param_logical_axes, token_logprobs
-from sera_jax.parallel import (SAMPLE_RULES, TRAIN_RULES, MeshConfig, activate, make_mesh, mesh_spec,
-                               param_shardings, shard_params)
+from sera_jax.model import (Qwen3Config, forward, init_params, load_pretrained, param_logical_axes, param_shardings,
+                            shard_params, token_logprobs)
+from sera_jax.parallel import SAMPLE_RULES, TRAIN_RULES, MeshConfig, activate, make_mesh, mesh_spec
 from tests.model.hf_models import hf_logits, make_hf_qwen3
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices: run via tools/run_tests.sh")
@@ -68,6 +68,7 @@ def test_every_parameter_is_sharded_as_the_rules_name(mesh, tiny, rules):
         assert q.addressable_shards[0].data.size * 2 == q.size
 
 
+@pytest.mark.slow
 def test_sharded_forward_and_grad_equal_unsharded(mesh, tiny):
     cfg, params = tiny
     tokens = jax.random.randint(jax.random.key(3), (4, 12), 0, cfg.vocab_size)
@@ -150,6 +151,7 @@ def _collective_shapes(hlo: str) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+@pytest.mark.slow
 def test_output_head_keeps_rows_split_and_moves_no_logits():
     """FSDP over 8 devices (one host of the paper's mesh): the loss head computes each device's own rows against the
     unembedding gathered once. No collective may carry logits (anything vocab-sized but the [D, V] unembedding and

@@ -143,7 +143,7 @@ def test_masks_cover_exactly_the_launch_statements(case, bpe, decode):
 def test_launch_token_mask_textworld_and_missing_code(bpe, decode):
     reply = 'Split it.\n<delegate goal="open the chest">take key, unlock chest</delegate>'
     ids = bpe.encode(reply).ids
-    mask = launch_token_mask(reply, ids, decode, env="textworld")
+    mask = launch_token_mask(reply, ids, decode, env="textworld_sync")
     pl = decoded_prefix_lengths(ids, decode)
     first = mask.index(1)
     assert pl[first] <= reply.index("<delegate") < pl[first + 1]

@@ -34,7 +34,7 @@ def test_execution_group_advantages_and_zero_variance_rules():
     assert got[(1, "r")] == pytest.approx(-0.285714, abs=1e-6)
     flat = _exec_trees([1] * 8)
     assert task_group_credit("execution", flat, SERA).accepted is False          # TextCraft: rejected
-    tw = task_group_credit("execution", flat, SERA, env="textworld")            # TextWorld: kept, not trained
+    tw = task_group_credit("execution", flat, SERA, env="textworld_sync")            # TextWorld: kept, not trained
     assert tw.accepted and len(tw.datums) == 8 and not any(d.trainable for d in tw.datums)
     assert apply_depth_weights(tw.datums) == []
     # RAO: the sub-agent's env success (1.0 here), not its score

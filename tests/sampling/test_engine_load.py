@@ -27,6 +27,7 @@ def _workload(seed, n):
     return out
 
 
+@pytest.mark.slow
 def test_500_agents_stay_within_block_budget_and_100_cancelled_free_their_blocks(engine):
     compiles = engine.compile_count()
     work = _workload(21, 500)

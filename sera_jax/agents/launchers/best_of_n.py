@@ -1,0 +1,157 @@
+"""Test-time selection among N candidate subtrees per delegation (spec §10), for both environments (the reference
+allows it only for TextWorld; nothing in the method is TextWorld-specific, so TextCraft gets it too).
+
+At each delegation, for each requested child in order (several goals of one delegate block are resolved one after
+another, each starting from the previous commit):
+
+* N forks are reserved from the task's fork budget (32, strict): if used + N > 32 nothing is forked and the parent
+  is told ``Fork budget exhausted; complete this delegation locally.``;
+* one rubric is written from the parent's context (temperature 0, 1,024 tokens, min 2 items);
+* the world is forked N times and candidate i runs the child ``<child id>#c<i>`` with its whole subtree to
+  completion on clone i, at temperature 1.0 whatever the tree's temperature (the root's evaluation turns stay at 0);
+* each finished candidate is scored under the frozen rubric (temperature 0, 512 tokens);
+* the highest valid score wins, ties go to the lowest index; an invalid rubric or no valid score selects
+  candidate 0; the chosen clone's whole state is committed.
+
+The parent then gets the environment's usual answer about the chosen child. The DelegationPoint's ``misc`` keeps
+the candidates, their scores, the chosen index and any rubric/score errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from envs_py.textcraft.cells import subagent_result_text
+from envs_py.textworld_sync import messages as M
+from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.harness import CURRENT_TURN
+from sera_jax.agents.launchers.base import LaunchOutcome, LaunchRequest, child_result
+from sera_jax.agents.records import Node
+from sera_jax.agents.rubric_calls import (
+    RubricConfig,
+    observable_state,
+    rubric_context,
+    score_node,
+    write_rubric,
+)
+from sera_jax.agents.textworld import child_summary
+
+EXHAUSTED_TEXT = "Fork budget exhausted; complete this delegation locally."
+CANDIDATE_MARK = "#c"
+
+
+def choose(scores: list[float | None]) -> int:
+    """Returns the index of the highest valid score (ties → lowest index; none valid → 0)."""
+    best, best_i = None, 0
+    for i, s in enumerate(scores):
+        if s is not None and (best is None or s > best):
+            best, best_i = s, i
+    return best_i
+
+
+class CandidateTemperature:
+    """A generator wrapper: turns of agents inside a candidate subtree (ids containing ``#c``; side calls, named
+    ``kind:subject``, excluded) sample at ``temperature``; every other call passes through unchanged."""
+
+    def __init__(self, inner: Any, temperature: float = 1.0):
+        self.inner, self.temperature = inner, temperature
+
+    async def generate(self, prompt_ids, params, key=None):
+        info = CURRENT_TURN.get()
+        if info is not None and CANDIDATE_MARK in info.node_id and ":" not in info.node_id:
+            params = dataclasses.replace(params, temperature=self.temperature)
+        return await self.inner.generate(prompt_ids, params, key)
+
+
+class BestOfNSelector:
+    """Test-time selection launcher (see the module docstring)."""
+
+    kind = "best_of_n"
+
+    def __init__(self, env: EnvName, *, n: int = 2, fork_budget: int = 32, candidate_temperature: float = 1.0,
+                 config: RubricConfig | None = None, rubric_temperature: float = 0.0,
+                 max_rubric_tokens: int = 1024, max_scoring_tokens: int = 512):
+        if n < 1:
+            raise ValueError("n must be ≥ 1")
+        self.env, self.n, self.fork_budget = env, n, fork_budget
+        self.candidate_temperature = candidate_temperature
+        self.config = config or RubricConfig()
+        self.rubric_spec = self.config.rubric_spec(rubric_temperature, max_rubric_tokens)
+        self.scoring_spec = self.config.scoring_spec(max_scoring_tokens)
+        self.used = 0
+
+    async def launch(self, req: LaunchRequest) -> LaunchOutcome:
+        """Returns the chosen candidate per requested child (answered as by the default launcher), or the
+        budget message for children that got no candidates."""
+        run = req.run
+        if not isinstance(run.generator, CandidateTemperature):
+            run.generator = CandidateTemperature(run.generator, self.candidate_temperature)
+        chosen: list[Node | None] = []
+        records = []
+        for spec in req.specs:
+            if self.used + self.n > self.fork_budget:
+                chosen.append(None)
+                records.append({"child_id": spec.child_id, "exhausted": True})
+                continue
+            self.used += self.n
+            node, record = await self._select(req, spec)
+            chosen.append(node)
+            records.append(record)
+        misc = {"selection": records, "forks_used": self.used}
+        if all(c is not None for c in chosen):
+            return LaunchOutcome(children=chosen, kind=self.kind, misc=misc)
+        return LaunchOutcome(children=[c for c in chosen if c is not None], kind=self.kind,
+                             texts=await self._texts(req, chosen), misc=misc)
+
+    async def _select(self, req: LaunchRequest, spec) -> tuple[Node, dict]:
+        run, parent, cfg = req.run, req.parent, self.config
+        state = await observable_state(req.env)
+        ctx = rubric_context(parent, req.parent_messages, req.parent_action, state, spec.goal, env=self.env,
+                             child_budget=spec.max_steps,
+                             metadata={"parent_trajectory_id": parent.id, "parent_depth": parent.depth,
+                                       "child_depth": spec.depth, "fork_step": req.fork_step})
+        _, rubric, rerr = await write_rubric(run, ctx, self.rubric_spec, f"rubric:{spec.child_id}",
+                                             min_items=cfg.min_items, depth=parent.depth)
+        worlds = [await req.env.fork() for _ in range(self.n)]
+        nodes = await asyncio.gather(*(
+            req.start_child(dataclasses.replace(spec, child_id=f"{spec.child_id}{CANDIDATE_MARK}{i}"), env=w)
+            for i, w in enumerate(worlds)))
+        scores: list[float | None] = [None] * self.n
+        errors: dict[str, str] = {}
+        if rubric is not None:
+            async def one(i: int):
+                final = await observable_state(worlds[i])
+                return await score_node(run, rubric, nodes[i], final, self.scoring_spec, f"score:{nodes[i].id}")
+
+            for i, (_, score, serr) in enumerate(await asyncio.gather(*(one(i) for i in range(self.n)))):
+                scores[i] = score.value if score is not None else None
+                if serr:
+                    errors[str(i)] = serr
+        k = choose(scores)
+        await req.env.commit(worlds[k])
+        for w in worlds:
+            try:
+                await w.close()
+            except Exception:  # noqa: BLE001  (freeing a discarded clone may fail; the commit already happened)
+                pass
+        for i, node in enumerate(nodes):
+            node.branch_index = i
+            node.misc["selection"] = {"score": scores[i], "selected": i == k}
+        return nodes[k], {"child_id": spec.child_id, "candidates": [n.id for n in nodes], "scores": scores,
+                          "selected": k, "rubric": rubric, "rubric_error": rerr, "score_errors": errors}
+
+    async def _texts(self, req: LaunchRequest, chosen: list[Node | None]) -> list[str]:
+        if self.env == "textcraft":
+            remaining = req.parent.max_steps - len(req.parent.turns)
+            return [EXHAUSTED_TEXT if c is None else
+                    subagent_result_text(child_result(c), len(c.turns), c.max_steps, remaining) for c in chosen]
+        obs, _ = await req.env.observe(req.parent.id)
+        done = [child_summary(c) for c in chosen if c is not None]
+        lines = [EXHAUSTED_TEXT] * sum(c is None for c in chosen)
+        if done:
+            lines.append(M.subagent_results_text(done, obs))
+        else:
+            lines.append(f"\n[Current Environment Observation]\n{obs}")
+        return lines

@@ -1,0 +1,148 @@
+"""The TextCraft agent: a CodeAct loop over sandboxed cells, with ``await launch_subagent`` (spec §1.1, §1.4–1.7).
+
+One turn = one LLM call + one code cell run in the agent's own sandbox (env worker process). The cell's
+``launch_subagent(targets, context)`` comes back to the runtime as a callback (``_launch``): the world has already
+validated it and built the goal string; here the depth limit is enforced again (so ``max_depth`` is a setting),
+the child is named ``<parent>/subagent-<fork step>-<k>``, registered in the world (inventory snapshot now) and run by
+the tree's launcher; the cell receives the §1.5 result text. Several launches from one cell (``asyncio.gather``)
+share ``fork_step`` and run concurrently on the shared inventory.
+"""
+
+from __future__ import annotations
+
+from envs_py.textcraft.cells import clean_output, is_stuck, observation_text, parse_reply, subagent_result_text
+from sera_jax.agents.textcraft_prompt import assistant_message, system_prompt, task_message
+from sera_jax.agents.harness import Episode, TreeRun, run_episode
+from sera_jax.agents.launchers.base import ChildSpec, LaunchRequest, child_result
+from sera_jax.agents.records import DelegationPoint, Node, Turn
+from sera_jax.agents.settings import EXHAUSTED_MESSAGE, STUCK_MESSAGE
+
+CONTEXT_SEP = "\n\nContext provided from parent agent: "
+
+
+def task_string(goal: str, max_steps: int) -> str:
+    """Returns an agent's task string: its goal and its budget line (spec §1.1)."""
+    return f"Your Goal: {goal}\nBudget: You have a total budget of {max_steps} steps to complete this task."
+
+
+def refusal_text(goal: str, depth: int, max_depth: int) -> str:
+    """Returns the depth-limit refusal the launching cell receives (spec §1.5)."""
+    return (f"Not enough budget to launch subagent for goal {goal}. Launching a subagent from depth {depth} would "
+            f"exceed the maximum allowed depth of {max_depth}. The maximum depth for hierarchical delegation has "
+            "been reached. You should perform the task yourself instead of delegating.")
+
+
+class CodeActEpisode(Episode):
+    """One TextCraft agent on the tree's world (``env`` is a TextCraftTreeEnv or a branch of it)."""
+
+    exhausted_message = EXHAUSTED_MESSAGE
+
+    def __init__(self, run: TreeRun, node: Node, env):
+        super().__init__(run, node)
+        self.env = env
+        self._code = ""  # the cell being run (the delegating action, for launchers)
+
+    async def start(self) -> None:
+        if self.node.parent_id is None:
+            task_text = await self.env.observe(self.node.id)
+        else:
+            # Built here rather than by the world, whose sub-agent text drops the parent's context (spec §1.1).
+            task_text = task_string(self.node.goal, self.node.max_steps)
+        style = self.run.settings.prompt_style
+        self.messages = [{"role": "system", "content": system_prompt(style)},
+                         {"role": "user", "content": task_message(task_text, style)}]
+
+    def stuck(self) -> bool:
+        s = self.run.settings
+        return is_stuck([t.code for t in self.node.turns], s.loop_threshold, s.loop_max_period)
+
+    async def loop_break(self) -> None:
+        # The synthetic finish runs as a real cell (so the world records the message) but has no completion:
+        # it produces no datum (spec §1.1).
+        code = f"finish({STUCK_MESSAGE!r})"
+        turn = Turn(index=len(self.node.turns), prompt_ids=[], completion_ids=[], logprobs=[],
+                    policy_version=self.run.settings.policy_version, completion_id=None, code=code,
+                    misc={"synthetic": "loop_breaker"})
+        await self._run_cell(turn, code)
+        self.node.turns.append(turn)
+
+    async def act(self, turn: Turn, text: str) -> None:
+        thought, code = parse_reply(text)
+        turn.thought, turn.code = thought, code
+        await self._run_cell(turn, code)  # launchers see the conversation before this action, as in TextWorld
+        self.messages.append({"role": "assistant", "content": assistant_message(thought, code)})
+        self.messages.append({"role": "user", "content": observation_text(turn.index + 1, turn.output, turn.error)})
+
+    async def _run_cell(self, turn: Turn, code: str) -> None:
+        self._code = code
+        self.run.event("env_start", node=self.node.id, turn=turn.index)
+        try:
+            r = await self.env.run_cell(self.node.id, code, self._launch)
+        finally:
+            self.run.event("env_end", node=self.node.id, turn=turn.index)
+        turn.output = clean_output(str(r.get("output", "")))
+        turn.error = str(r.get("error", ""))
+        if r.get("limit"):
+            turn.misc["cell_limit"] = r["limit"]
+        if r.get("restarted"):
+            turn.misc["sandbox_restarted"] = True
+        turn.reward_misc["reward/success"] = 0.0
+        if r.get("finished"):
+            status = await self.env.status(self.node.id)
+            self.node.finish_message = status["finish_message"]
+            check = await self.env.check(self.node.id)
+            turn.reward_misc.update({"reward/success": 1.0 if check.success else 0.0, **check.details})
+            self.done = True
+
+    async def finish(self) -> None:
+        check = await self.env.check(self.node.id)
+        success = 1.0 if (check.success and self.node.finish_message is not None) else 0.0
+        self.node.env_labels["success"] = success
+        self.node.env_labels["reason"] = check.reason
+        self.node.reward = 0.0 if self.node.rollout_error_zero_reward else success
+
+    # -- launch_subagent --------------------------------------------------------------------------------------
+    async def _launch(self, agent_id: str, req: dict) -> str:
+        """The cell's ``await launch_subagent(...)``: returns the text the cell receives."""
+        run, parent = self.run, self.node
+        fork_step = len(parent.turns)  # the current turn is appended after its cell: this is its index
+        goal = str(req["goal"])
+        context = goal.split(CONTEXT_SEP, 1)[1] if CONTEXT_SEP in goal else ""
+        depth = int(req.get("depth", parent.depth + 1))
+        if depth > run.settings.max_depth:
+            text = refusal_text(goal, parent.depth, run.settings.max_depth)
+            run.record_delegation(DelegationPoint(parent.id, fork_step, [], [goal], context, "refused", text))
+            return text
+        spec = ChildSpec(run.next_child_id(parent.id, fork_step), goal, depth, run.settings.max_steps,
+                         {str(k): int(v) for k, v in dict(req.get("targets") or {}).items()}, context)
+        dp = run.record_delegation(DelegationPoint(parent.id, fork_step, [spec.child_id], [goal], context))
+        async with run.sibling_order(parent.id):
+            request = LaunchRequest(run=run, parent=parent, fork_step=fork_step, specs=[spec],
+                                    parent_messages=[dict(m) for m in self.messages], parent_action=self._code,
+                                    env=self.env, start_child=self._start_child)
+            outcome = await run.launcher.launch(request)
+        dp.kind = outcome.kind
+        dp.misc.update(outcome.misc)
+        if outcome.texts is not None:
+            text = outcome.texts[0]
+        else:
+            child = outcome.children[0]
+            # Remaining = the parent's own budget minus its recorded turns (the current one is not yet counted).
+            text = subagent_result_text(child_result(child), len(child.turns), child.max_steps,
+                                        parent.max_steps - len(parent.turns))
+        dp.result = text
+        return text
+
+    async def _start_child(self, spec: ChildSpec, env=None, gate=None) -> Node:
+        """Registers ``spec`` in ``env`` (default: this tree's shared world), runs its episode (in ``gate``'s
+        lockstep group when given); returns its Node."""
+        env = env if env is not None else self.env
+        start_inventory = await env.add_agent(spec.child_id, spec.targets or {}, self.node.id)
+        misc = {"target_items": dict(spec.targets or {}), "initial_inventory": dict(start_inventory)}
+        plan = await env.local_plan(spec.child_id)  # for labels and judges only (spec §1.4)
+        misc.update({"local_gold_trajectory": plan} if plan is not None else {"local_gold_unavailable": True})
+        child = self.run.new_node(spec.child_id, spec.goal, depth=spec.depth, parent_id=self.node.id,
+                                  fork_step=len(self.node.turns), max_steps=spec.max_steps, task_misc=misc)
+        episode = CodeActEpisode(self.run, child, env)
+        episode.gate = gate
+        return await run_episode(episode)

@@ -1,0 +1,1 @@
+"""The commands, one module each (train, eval, warmstart, export, compare, profile, view): parse, call, print."""

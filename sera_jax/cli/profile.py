@@ -1,0 +1,151 @@
+"""``sera-profile``: N sharded train steps (or engine decode chunks) under jax.profiler, with a report and a trace.
+
+Also runnable without the installed script: ``python -m sera_jax.cli.profile ARGS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from sera_jax.profiling import trace_files
+from sera_jax.profiling.decode import DecodeShape, profile_decode
+from sera_jax.profiling.train import TrainShape, profile_train
+
+MFU_TRAIN = ("MFU = (6·N·tokens + 6·L·H·E·Σ s²) / step time / (devices × peak); N params, tokens real tokens, "
+             "s each packed sequence's length; remat recomputation not counted")
+MFU_DECODE = ("MFU = Σ_tokens (2·N + 4·L·H·E·context) / decode time / peak (forward only, one device); "
+              "HBM roofline = (weights + K/V of every row) bytes per step / 4.8 TB/s / step time")
+
+
+def _gib(b: int | None) -> str:
+    return f"{b / 2**30:.2f}" if b else "n/a (backend reports no memory stats)"
+
+
+def format_report(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Returns the report rows (name, value) of a ``profile_train`` or ``profile_decode`` result."""
+    mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a (no peak FLOP/s for this backend)"
+    if r["kind"] == "train":
+        times = r["times"]
+        return [("init + shard state (s)", f"{r['init_s']:.2f}"), ("compile (s)", f"{r['compile_s']:.2f}"),
+                ("first step after compile (s)", f"{r['first_step_s']:.4f}"),
+                ("step time, median (s)", f"{r['step_s']:.4f}"),
+                ("step time, min / max (s)", f"{min(times):.4f} / {max(times):.4f}"),
+                ("tokens per step", f"{r['tokens']:,}"), ("tokens/s", f"{r['tok_s']:,.0f}"),
+                ("tokens/s per device", f"{r['tok_s'] / r['devices']:,.0f}"),
+                ("model TFLOP per step", f"{r['flops'] / 1e12:.4g}"), ("MFU", mfu),
+                ("peak device memory (GiB)", _gib(r["peak_mem_bytes"])),
+                ("train state (GiB, all devices)", f"{r['state_bytes'] / 2**30:.2f}"),
+                ("loss / grad norm (last step)", f"{r['loss']:.4f} / {r['grad_norm']:.4f}"),
+                ("skipped (non-finite)", str(r["skipped"]))]
+    roof = f"{100 * r['roofline']:.1f}%" if r.get("roofline") is not None else "n/a (no HBM bandwidth for backend)"
+    return [("init weights + engine (s)", f"{r['init_s']:.2f}"), ("compile (warm-up) (s)", f"{r['compile_s']:.2f}"),
+            ("prefill-only run (s)", f"{r['prefill_s']:.4f}"), ("decode time (s)", f"{r['decode_s']:.4f}"),
+            ("decode chunks per row / dispatched", f"{r['chunks']} / {r['chunks_dispatched']}"),
+            ("time per chunk (s)", f"{r['chunk_s']:.4f}"), ("time per decode step (ms)", f"{1e3 * r['step_s']:.3f}"),
+            ("decoded tokens", f"{r['tokens']:,}"), ("tokens/s", f"{r['tok_s']:,.0f}"),
+            ("model TFLOP (decode)", f"{r['flops'] / 1e12:.4g}"), ("MFU", mfu), ("HBM roofline", roof),
+            ("peak device memory (GiB)", _gib(r["peak_mem_bytes"])),
+            ("compilations while timed", str(r["new_compiles"]))]
+
+
+def result_line(r: dict[str, Any], mode: str) -> str:
+    """Returns the ``RESULT key=value ...`` line of a profile result."""
+    def rnd(x, n):
+        return "na" if x is None else round(x, n)
+
+    out = {"kind": r["kind"], "mode": mode, "backend": r["backend"], "devices": r["devices"],
+           "params_b": round(r["params"] / 1e9, 4), "compile_s": round(r["compile_s"], 2),
+           "step_s": round(r["step_s"], 6), "tokens": r["tokens"], "tok_s": round(r["tok_s"]),
+           "mfu": rnd(r.get("mfu"), 4),
+           "peak_mem_gib": "na" if not r["peak_mem_bytes"] else round(r["peak_mem_bytes"] / 2**30, 2)}
+    if r["kind"] == "train":
+        out["skipped"] = r["skipped"]
+    else:
+        out.update(chunk_s=round(r["chunk_s"], 6), roofline=rnd(r.get("roofline"), 4),
+                   new_compiles=r["new_compiles"])
+    out["trace_files"] = r.get("trace_files", 0)
+    return "RESULT " + " ".join(f"{k}={v}" for k, v in out.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``sera-profile``: N sharded train steps (or, with ``--decode``, N engine decode chunks) under jax.profiler;
+    prints the report and a RESULT line; returns the exit status."""
+    p = argparse.ArgumentParser(prog="sera-profile", description=(
+        "Profile N sharded train steps (default) or N decode chunks of the rollout engine (--decode) on random "
+        "weights, under jax.profiler. The trace goes to OUT/trace (tensorboard --logdir OUT/trace, or load "
+        "OUT/trace/plugins/profile/*/perfetto_trace.json.gz in ui.perfetto.dev); the report to stdout and "
+        "OUT/report.json."))
+    p.add_argument("--tiny", action="store_true", help="tiny preset on CPU, seconds (CI)")
+    p.add_argument("--preset", default=None, help="model preset (default qwen3-4b-instruct-2507; tiny with --tiny)")
+    p.add_argument("--steps", type=int, default=None, help="train steps (or decode chunks) traced and timed "
+                   "(default 5; tiny 2)")
+    p.add_argument("--decode", action="store_true", help="profile the engine's decode chunks instead")
+    p.add_argument("--out", default=None, help="output directory (default sera_profile/<train|decode>-<UTC time>)")
+    p.add_argument("--no-trace", action="store_true", help="time without the profiler (no trace written)")
+    p.add_argument("--rows", type=int, default=None, help="train: rows per micro-batch; decode: batch size")
+    p.add_argument("--row-len", type=int, default=None, help="train: tokens per packed row")
+    p.add_argument("--micro", type=int, default=None, help="train: micro-batches per step")
+    p.add_argument("--prompt-len", type=int, default=None, help="decode: prompt tokens per row")
+    p.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default 989 on GPU)")
+    args = p.parse_args(argv)
+    backend = jax.default_backend()
+    if not args.tiny and backend != "gpu":
+        print(f"no GPU visible to JAX (backend {backend!r}): install jax[cuda12], or run --tiny on CPU",
+              file=sys.stderr)
+        return 2
+    kind = "decode" if args.decode else "train"
+    steps = args.steps if args.steps is not None else (2 if args.tiny else 5)
+    out = Path(args.out or f"sera_profile/{kind}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    trace_dir = None if args.no_trace else out / "trace"
+    if args.decode:
+        shape = DecodeShape.tiny() if args.tiny else DecodeShape()
+        over = {k: v for k, v in (("preset", args.preset), ("batch", args.rows), ("prompt_len", args.prompt_len))
+                if v is not None}
+        shape = dataclasses.replace(shape, **over)
+        r = profile_decode(shape, chunks=steps, trace_dir=trace_dir, tiny=args.tiny, peak_tflops=args.peak_tflops)
+        print(f"decode: {shape.preset} ({r['params'] / 1e9:.3f} B params, {shape.dtype}) on {r['backend']} "
+              f"({r['device_kind']}), batch {shape.batch}, prompts {shape.prompt_len} tokens, {steps} chunks x "
+              f"{shape.chunk_steps} steps per row, paged KV (block {shape.block_size})")
+        formula = MFU_DECODE
+    else:
+        shape = TrainShape.tiny() if args.tiny else TrainShape()
+        over = {k: v for k, v in (("preset", args.preset), ("rows", args.rows), ("row_len", args.row_len),
+                                  ("micro", args.micro)) if v is not None}
+        shape = dataclasses.replace(shape, **over)
+        r = profile_train(shape, steps=steps, trace_dir=trace_dir, peak_tflops=args.peak_tflops)
+        print(f"train: {shape.preset} ({r['params'] / 1e9:.3f} B params), compute {r['dtype']}, master "
+              f"{r['param_dtype']}, remat {r['remat']}; mesh fsdp={r['devices']} on {r['backend']} "
+              f"({r['device_kind']}); {r['micro']} micro-batches x {shape.rows} rows x {shape.row_len} tokens "
+              f"({r['sequences']} packed sequences); CISPO, AdamW; {steps} steps")
+        formula = MFU_TRAIN
+    files = trace_files(trace_dir) if trace_dir is not None else []
+    r["trace_files"] = len(files)
+    r["trace_dir"] = str(trace_dir) if trace_dir is not None else None
+    print()
+    for name, value in format_report(r):
+        print(f"{name:36s}{value:>24s}")
+    print(f"\n{formula}; peak {r['peak_flops'] / 1e12:.0f} TFLOP/s per device" if r.get("peak_flops")
+          else f"\n{formula}; no peak for {r['backend']}: MFU n/a")
+    if trace_dir is not None:
+        print(f"trace: {trace_dir} ({len(files)} files: {', '.join(f.name for f in files)})")
+        print(f"  view: tensorboard --logdir {trace_dir}  |  xprof --logdir {trace_dir}  |  ui.perfetto.dev "
+              f"← perfetto_trace.json.gz")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(r, indent=1, default=str) + "\n")
+    print(result_line(r, "tiny" if args.tiny else "full"))
+    if r["kind"] == "train" and (r["skipped"] or r["loss"] != r["loss"]):
+        print("the profiled step produced a non-finite loss or was skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""``sera-train``: train a SERA policy from a config (default: the embedded tiny CPU run), or ``--dry-run`` it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from tqdm import tqdm
+
+from sera_jax.cli.common import CONFIG_ERROR, load_or_report
+from sera_jax.training.build import train_from_config
+from sera_jax.training.default_run import run_default
+from sera_jax.training.dry_run import dry_run
+from sera_jax.training.loop import StepOutcome
+
+SHOWN = ("groups_accepted", "groups_started", "trainable_datums", "root_success", "delegation_rate",
+         "rubric_ranking_auc", "loss", "grad_norm", "time/rollout_s", "time/train_s")
+
+
+def step_line(o: StepOutcome) -> str:
+    """Returns one attempt's JSON line: version, stage, skip reason and the headline metrics."""
+    m = o.metrics
+    return json.dumps({"version": o.version, "stage": o.stage, "skipped": o.skipped, "reason": o.reason,
+                       **{k: round(m[k], 6) if isinstance(m.get(k), float) else m.get(k) for k in SHOWN if k in m}})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``sera-train [CONFIG.yaml ...] [a.b=c ...] [--dry-run] [--out DIR]``; returns the exit status."""
+    p = argparse.ArgumentParser(prog="sera-train", description=(
+        "Train a SERA policy. Arguments are YAML config files (later ones update earlier ones) and a.b=c "
+        "overrides; with no file, the tiny CPU default. The run directory (train.out_dir) holds checkpoints, "
+        "metrics.jsonl and TensorBoard events; an existing run resumes from its newest checkpoint."))
+    p.add_argument("args", nargs="*", help="config files and a.b=c overrides")
+    p.add_argument("--dry-run", action="store_true",
+                   help="one attempt at each stage of the schedule (rollouts, credit, step) in a fresh directory")
+    p.add_argument("--out", default=None, help="run directory (default: train.out_dir)")
+    args = p.parse_args(argv)
+    cfg = load_or_report(args.args)
+    if cfg is None:
+        return CONFIG_ERROR
+    if args.dry_run:
+        outcomes = asyncio.run(dry_run(cfg, out_dir=args.out, on_step=lambda o: print(step_line(o), flush=True)))
+        print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],
+                          "updated": [not o.skipped for o in outcomes]}))
+        return 0
+    bar = tqdm(total=cfg.train.total_steps, desc="policy versions", unit="step", dynamic_ncols=True)
+
+    def progress(o: StepOutcome) -> None:
+        if bar.n == 0 and o.version > 0 and not o.skipped:
+            bar.update(o.version - 1)  # resumed run: start the bar where the checkpoint left off
+        if not o.skipped:
+            bar.update(1)
+        m = o.metrics
+        bar.set_postfix(stage=o.stage, success=round(m.get("root_success", 0.0), 3),
+                        loss=round(m.get("loss", float("nan")), 4), skipped=o.skipped)
+        with bar.external_write_mode():
+            print(step_line(o), flush=True)
+
+    try:
+        if cfg.warmstart.enabled:
+            asyncio.run(run_default(cfg, out_dir=args.out, on_step=progress, log=lambda m: bar.write(m)))
+        else:
+            asyncio.run(train_from_config(cfg, out_dir=args.out, on_step=progress))
+    except KeyboardInterrupt:
+        # The loop saved a checkpoint on the way out (Loop.run), and finished evaluations keep their reports.
+        bar.close()
+        out = args.out or cfg.train.out_dir
+        print(f"sera-train: interrupted; the same command resumes ({out} keeps the newest checkpoint and the "
+              "finished evaluations)", file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

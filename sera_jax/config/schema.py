@@ -1,0 +1,250 @@
+"""The run configuration's schema: typed frozen dataclasses, one per section, and ``RunConfig``.
+
+Loading (YAML, ``base:`` files, ``a.b=c`` overrides) is ``config/load.py``; cross-field checks ``config/validate.py``.
+Usage (what ``training/build.py`` does)::
+
+    # e.g. argv = configs/tiny_cpu.yaml optim.lr=1e-5 train.total_steps=3; check_paths: model.hf_dir must exist
+    cfg = load_config(*split_cli(sys.argv[1:]), check_paths=True)
+    model_cfg = cfg.model_config()          # Qwen3Config (preset or HF config.json + overrides)
+    method = cfg.method_config()            # rl.stages.MethodConfig (paper method + schedule overrides)
+    tx = make_optimizer(cfg.optim)          # cfg.optim is an rl.optim.OptimConfig; cfg.step a trainer.StepConfig
+    mesh = make_mesh(cfg.mesh)              # cfg.mesh is a parallel.MeshConfig
+    check_mesh(cfg, jax.device_count())     # after initialize_distributed, when the mesh holds a -1
+
+A YAML file may name ``base: other.yaml`` (relative to itself); the file's keys then update the base's, section by
+section. Every error (unknown key, wrong type, bad enum value, inconsistent values, a mesh that does not divide a
+model dimension) is a ``ConfigError`` whose message starts with the full key, e.g. ``optim.lr: expected float,
+got 'abc'``. Validation traces shapes only (``jax.eval_shape``); it allocates and computes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Literal, Optional
+
+from sera_jax.agents.env_name import EnvName
+from sera_jax.model import Qwen3Config
+from sera_jax.parallel.mesh import MeshConfig
+from sera_jax.rl.batch import DEFAULT_BUCKETS
+from sera_jax.rl.optim import OptimConfig
+from sera_jax.rl.stages import MethodConfig, method_config
+from sera_jax.training.step import StepConfig
+
+__all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
+           "TrainSection", "JudgeSection", "EvalSection", "WarmStartSection", "RunConfig"]
+
+
+class ConfigError(ValueError):
+    """A configuration error; the message starts with the full key it concerns."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    # Architecture preset (Qwen3Config.preset); null = read the architecture from hf_dir/config.json.
+    preset: Optional[str] = "qwen3-4b-instruct-2507"
+    hf_dir: Optional[str] = None        # Hugging Face checkpoint to start from (null = random init from train.seed)
+    # Tokenizer: a tokenizer.json / .model file or directory; null = hf_dir's; "builtin:textcraft" = the tiny
+    # sentencepiece model trained on TextCraft prompts and tasks (built once into the run directory).
+    tokenizer: Optional[str] = None
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None        # compute dtype; null = preset's
+    param_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None  # master weights; null = preset's
+    remat: Optional[bool] = None
+    logits_chunk: Optional[int] = None
+    # Initial weights from a run directory's newest checkpoint (e.g. the warm start, ``sera-warmstart``); null =
+    # hf_dir or random init. Ignored when the run directory already has checkpoints (the run resumes instead).
+    init_from: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSection:
+    name: str = "sera"                                # a METHODS label ("SERA w/o D") or slug ("sera_wo_d")
+    stage_schedule: Optional[str] = None              # null = the method's (spec §8)
+    ranking_objective: Optional[Literal["hinge", "order_discrimination"]] = None
+    max_head_offpolicyness: Optional[int] = None
+    # Execution-stage rejection of all-equal task groups (§5.6); null = the environment's (TC true, TW false).
+    execution_filter_zero_variance_groups: Optional[bool] = None
+    # Completion caps of the rubric-writing and scoring calls; null = the method's (1024 each, spec §3.5).
+    max_rubric_tokens: Optional[int] = None
+    max_scoring_tokens: Optional[int] = None
+    # Counterfactual branches per delegation point and environments per root rollout; null = the method's (8, 16).
+    branching_factor: Optional[int] = None
+    max_counterfactual_envs_per_rollout: Optional[int] = None
+    # Sampling temperature of the rubric-writing call; null = the method's (1.0, spec §3.5). Scoring stays greedy.
+    rubric_temperature: Optional[float] = None
+    # Reject rubric-generation task groups without a ranked fork group (see rl.stages.MethodConfig); null = false.
+    rubric_filter_unranked_groups: Optional[bool] = None
+    # The rubric reward's LOO baseline over one task's ranked fork groups or the step's (see
+    # rl.stages.MethodConfig); null = "task" (the paper).
+    rubric_baseline_scope: Optional[Literal["task", "step"]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    name: EnvName = "textcraft"
+    task_set: str = "train"              # TC: train | val | path; TW: train | test | validation | path
+    difficulties: tuple[str, ...] = ()   # () = all difficulties of the task set
+    max_steps: int = 20                  # own steps per agent (root and each sub-agent)
+    max_depth: int = 3                   # deepest sub-agent depth (root = 0)
+    rules: Literal["reference", "full"] = "reference"  # TextWorld world rules
+    num_workers: int = 4                 # env worker processes per host
+    # Prompt texts: "paper" (the spec's) or "compact" (TextCraft: the same game, tools and rubric/score protocol
+    # in a few lines, for the tiny CPU default).
+    prompt_style: Literal["paper", "compact"] = "paper"
+    # An agent's next prompt = its last prompt + the sampled completion tokens + the new messages' encoding, instead
+    # of re-encoding the conversation (the reference). See agents/truncation.py: continue_prompt.
+    token_history: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    tasks_per_step: int = 8              # accepted task groups per optimizer step
+    trees_per_task: int = 8              # root rollouts per task group (G)
+    groups_in_flight: int = 24           # concurrent task groups (spec §6.3 "concurrent rollouts")
+    temperature: float = 1.0
+    # Agents' temperature in the rubric-generation stage's trees; null = ``temperature``. Its fork branches replay
+    # one sub-task: below temperature 1 a sharpened policy's branches nearly always agree, and a fork group whose
+    # branches all succeed (or all fail) has nothing to rank.
+    rubric_stage_temperature: Optional[float] = None
+    # Accepted task groups per rubric-generation step; null = ``tasks_per_step``. Not in the paper: a saving for
+    # a policy whose fork groups are seldom ranked (each rubric-stage group costs branching_factor × the trees).
+    rubric_stage_tasks_per_step: Optional[int] = None
+    top_p: float = 1.0
+    max_completion_tokens: int = 512     # TC 512 / TW 3072
+    max_prompt_tokens: int = 9600        # TC 9600 / TW 10240 (truncation threshold, §1.3)
+    context_tokens: int = 10240          # serving context: TC 10240 / TW 13312
+    # Sampling engines per host, one per local device from the first (each its own bf16 weights, KV pool and
+    # decode loop; a task group's trees share one engine); null = every local GPU, 1 on CPU.
+    engines: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSection:
+    token_budget: int = 60_000           # tokens per micro-batch
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    advantage_clip: Optional[float] = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    total_steps: int = 250               # TC 250 / TW 400
+    seed: int = 353                      # 353 multi-stage recipes, 343 RAO / RAO+D / SERA w/o D & RT
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    out_dir: str = "runs/default"
+    deterministic_scheduling: bool = False  # replayable rollout order (resume gives the same next step)
+    max_epochs: int = 10                 # safety bound over the task set
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeSection:
+    kind: Literal["programmatic", "openai", "policy_frozen"] = "programmatic"
+    endpoint: Optional[str] = None       # OpenAI-compatible base URL (kind = openai)
+    endpoint_env: str = "SERA_JUDGE_ENDPOINT"  # read at run time when endpoint is null
+    model: Optional[str] = None
+    temperature: float = 1.0
+    max_tokens: int = 1024
+    retries: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    task_set: str = "val"
+    difficulties: tuple[str, ...] = ()   # () = all difficulties of the eval task set
+    num_tasks: Optional[int] = None      # null = every task of the set (else round-robin over difficulties)
+    temperature: float = 0.0
+    max_steps: int = 20
+    max_completion_tokens: int = 512
+    max_prompt_tokens: int = 9728        # TC eval 9728 / TW 10240
+    context_tokens: int = 10240          # TC 10240 / TW 13312
+    concurrency: int = 64
+    retries: int = 1
+    num_runs: int = 1
+    every: int = 0                       # evaluate every N optimizer steps during training (0 = never)
+    best_of_n: int = 1                   # test-time selection (N = 2 in the paper's TextWorld runs; both envs here)
+    fork_budget: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSection:
+    # Supervised warm start on oracle demonstrations (``sera-warmstart``; TextCraft). With ``enabled``, sera-train
+    # builds it first when model.init_from holds no checkpoint yet.
+    enabled: bool = False
+    out_dir: str = "runs/warmstart"
+    demo_tasks: int = 400                # tasks the oracle plays (sampled from env.task_set / env.difficulties)
+    steps: int = 100                     # SFT updates: the fixed, deliberately partial budget
+    token_budget: int = 8192             # tokens per SFT update
+    lr: float = 1.0e-3
+    warmup_steps: int = 10
+    delegate_prob: float = 0.7           # the oracle delegates a craftable ingredient with this probability
+    fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
+    exhaust_share: float = 0.0           # of the sabotaged sub-agents, those that run out of steps instead
+    #                                      (0 in the tiny default: a warm start built with 0.5 acted far worse)
+    copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
+    fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
+    #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply
+    seed: int = 0                        # demo tasks, oracle choices, batch order
+    init_seed: int = 0                   # the random initialisation (not train.seed: RL seeds share one warm start)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    name: str = "default"
+    model: ModelSection = ModelSection()
+    mesh: MeshConfig = MeshConfig()
+    optim: OptimConfig = OptimConfig()
+    step: StepConfig = StepConfig()
+    method: MethodSection = MethodSection()
+    env: EnvSection = EnvSection()
+    rollout: RolloutSection = RolloutSection()
+    batch: BatchSection = BatchSection()
+    train: TrainSection = TrainSection()
+    judge: JudgeSection = JudgeSection()
+    eval: EvalSection = EvalSection()
+    warmstart: WarmStartSection = WarmStartSection()
+
+    def model_config(self) -> Qwen3Config:
+        """Returns the Qwen3Config: the preset (or ``hf_dir``'s config.json when preset is null) + overrides."""
+        m = self.model
+        over = {k: getattr(m, k) for k in ("dtype", "param_dtype", "remat", "logits_chunk")
+                if getattr(m, k) is not None}
+        if m.preset is not None:
+            return Qwen3Config.preset(m.preset, **over)
+        return Qwen3Config.from_hf_json(m.hf_dir, **over)
+
+    def method_config(self) -> MethodConfig:
+        """Returns the paper method's MethodConfig with this config's schedule/ranking/off-policyness overrides."""
+        s = self.method
+        base = method_config(s.name)
+        over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
+                                           "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
+                                           "max_counterfactual_envs_per_rollout", "rubric_temperature",
+                                           "rubric_filter_unranked_groups", "rubric_baseline_scope")
+                if getattr(s, k) is not None}
+        over["seed"] = self.train.seed
+        over["concurrent_rollouts"] = self.rollout.groups_in_flight
+        over["cispo_ratio_min"], over["cispo_ratio_max"] = self.step.ratio_min, self.step.ratio_max
+        return dataclasses.replace(base, **over)
+
+    def execution_filter_zero_variance(self) -> bool:
+        """Returns whether the execution stage rejects task groups whose datum scalars are all equal (§5.6, §11)."""
+        flag = self.method.execution_filter_zero_variance_groups
+        return self.env.name == "textcraft" if flag is None else flag
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the config as plain JSON-able data (tuples as lists), loadable again by ``from_dict``."""
+        return _plain(dataclasses.asdict(self))
+
+    def config_hash(self) -> str:
+        """Returns the sha256 hex digest of the canonical JSON of ``to_dict()`` (sorted keys, no whitespace)."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x

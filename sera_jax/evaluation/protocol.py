@@ -1,0 +1,288 @@
+"""``sera-eval``'s runner: the paper's evaluation protocol on a task set, for a run checkpoint, a Hugging Face
+directory or the tiny default (spec sera_algorithm.md §9–10, textworld_sync.md §12).
+
+Protocol, per run: one tree per task at temperature 0 (``eval.temperature``), per-agent step limit
+``eval.max_steps``, depth ``env.max_depth``, the evaluation prompt/context/completion caps of the ``eval`` section,
+``eval.concurrency`` trees at a time; a rollout whose record says it failed (tree error, or the root agent ended with
+an error such as a generator or env-worker failure) — or whose runner raised — is run again, ``eval.retries`` times
+(1), and still failing it counts as a failure (``Outcome.success = None``; never an abort). Success is the root's
+programmatic label. ``eval.best_of_n > 1`` turns on test-time selection (N candidates per delegation, strict fork
+budget ``eval.fork_budget``). R runs (``eval.num_runs``) give mean ± sample std per difficulty and overall.
+
+Outputs in ``out_dir``: ``report.json`` (``evaluate.report`` plus per-task attempts, per-game tables for TextWorld
+and mean tree statistics of the final attempts), ``report.md`` and
+``trees.jsonl`` (every attempt's tree, appended as each task finishes; ``tree.misc["eval"]`` = run, attempt, error,
+success).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+
+from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.launchers.factory import make_launcher_factory
+from sera_jax.agents.records import Tree, write_jsonl
+from sera_jax.agents.runtime import run_tree, start_pool
+from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.config import RunConfig
+from sera_jax.evaluation.report import (
+    DIFFICULTY_ORDER,
+    Outcome,
+    pick_tasks,
+    report,
+    summarise,
+    tree_error,
+    tree_success,
+)
+from sera_jax.model import init_params, load_pretrained
+from sera_jax.model.tokenizer import load_tokenizer
+from sera_jax.parallel.mesh import MeshConfig, make_mesh
+from sera_jax.sampling import Engine, EngineConfig
+from sera_jax.sampling.engine_config import cpu_shapes
+from sera_jax.training.build import kv_cache_budget_bytes, load_env_tasks
+from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
+from sera_jax.warmstart.tokenizer import resolve_tokenizer
+
+__all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
+           "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
+
+
+@dataclasses.dataclass
+class Policy:
+    """What generates: model config, parameters, tokenizer (and where they came from)."""
+
+    model_cfg: Any
+    params: Any
+    tokenizer: Any
+    tokenizer_path: str
+    source: str
+
+
+def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir: str | Path | None = None,
+                work_dir: str | Path = ".", version: int | None = None) -> Policy:
+    """Returns the Policy to evaluate: a run checkpoint's params (its metadata's model config and tokenizer), a HF
+    directory's, or else ``cfg``'s model (``model.hf_dir``, or a random init from ``train.seed``) with ``cfg``'s
+    tokenizer (``builtin:textcraft`` is built into ``work_dir``)."""
+
+    if checkpoint is not None and hf_dir is not None:
+        raise ValueError("give a checkpoint or a HF directory, not both")
+    if checkpoint is not None:
+        ck_dir = checkpoint_dir(checkpoint)
+        ck = Checkpointer(ck_dir)
+        try:
+            model_cfg, params, meta = ck.restore_model(version)
+        finally:
+            ck.close()
+        tok_path = meta.get("tokenizer_path")
+        if tok_path and Path(tok_path).exists():
+            return Policy(model_cfg, params, load_tokenizer(tok_path), str(tok_path),
+                          f"checkpoint {ck_dir} version {meta.get('version')}")
+        tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, work_dir)
+        return Policy(model_cfg, params, tok, str(tok_path), f"checkpoint {ck_dir} version {meta.get('version')}")
+    hf = hf_dir if hf_dir is not None else cfg.model.hf_dir
+    if hf is not None:
+        m = cfg.model
+        model_cfg, params = load_pretrained(hf, param_dtype=m.param_dtype, dtype=m.dtype)
+        has_tok = any((Path(hf) / n).is_file() for n in ("tokenizer.json", "tokenizer.model"))
+        spec = str(hf) if has_tok or cfg.model.tokenizer is None else cfg.model.tokenizer
+        tok, tok_path = resolve_tokenizer(spec, str(hf), work_dir)
+        return Policy(model_cfg, params, tok, str(tok_path), f"hf {hf}")
+    model_cfg = cfg.model_config()
+    tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, None, work_dir)
+    params = init_params(jax.random.fold_in(jax.random.key(cfg.train.seed), 0), model_cfg)
+    return Policy(model_cfg, params, tok, str(tok_path), f"random init (preset {cfg.model.preset}, "
+                                                           f"seed {cfg.train.seed})")
+
+
+def eval_settings(cfg: RunConfig, run_index: int = 0) -> RuntimeSettings:
+    """Returns the runtime settings of evaluation run ``run_index`` (the ``eval`` caps, temperature and step limit;
+    depth from ``env.max_depth``; seed ``train.seed + run_index``)."""
+    e = cfg.eval
+    return RuntimeSettings.for_env(
+        cfg.env.name, evaluation=True, max_steps=e.max_steps, max_depth=cfg.env.max_depth,
+        max_prompt_tokens=e.max_prompt_tokens, max_context=e.context_tokens, max_new_tokens=e.max_completion_tokens,
+        temperature=e.temperature, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed + run_index,
+        prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
+
+
+def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
+    """Returns the engine sizes for evaluation: rows for the concurrent trees and their sub-agents, a KV pool in a
+    share of device memory; on CPU few shape buckets (compilation dominates there)."""
+
+    e = cfg.eval
+    rows = min(256, 1 << max(3, (2 * e.concurrency - 1).bit_length()))
+    block = 16
+    blocks_per_seq = -(-e.context_tokens // block)
+    bytes_per_block = (2 * model_cfg.num_layers * model_cfg.num_kv_heads * model_cfg.head_dim * block
+                       * (2 if dtype == "bfloat16" else 4))
+    num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, kv_cache_budget_bytes() // bytes_per_block))
+    prefill = min(2048, e.context_tokens)
+    shapes: dict[str, Any] = dict(max_prefill_len=prefill, max_prefill_tokens=max(8192, 4 * prefill))
+    if jax.default_backend() == "cpu":
+        shapes = cpu_shapes(rows, e.context_tokens, block)
+    return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks), max_context=e.context_tokens,
+                        dtype=dtype, **shapes)
+
+
+def load_eval_tasks(cfg: RunConfig, num_tasks: int | None = None) -> list:
+    """Returns the tasks of ``eval.task_set`` of ``eval.difficulties`` (default all; ``env.difficulties`` selects
+    training tasks only),
+    ``num_tasks`` of them picked round-robin over difficulties when given."""
+
+    env = dataclasses.replace(cfg.env, task_set=cfg.eval.task_set, difficulties=tuple(cfg.eval.difficulties))
+    tasks, _ = load_env_tasks(dataclasses.replace(cfg, env=env))
+    return pick_tasks(tasks, num_tasks)
+
+
+async def run_task(task: Any, env: EnvName, generator: Any, tokenizer: Any, settings: RuntimeSettings, *,
+                   retries: int = 1, selection: dict | None = None, pool: Any = None, run_index: int = 0,
+                   textworld_rules: str = "reference") -> tuple[Outcome, dict, list[Tree]]:
+    """Runs one task's tree, again up to ``retries`` times while it fails; returns (Outcome, a record of the
+    attempts {task_id, difficulty, game, attempts, errors, success, stats of the last attempt's tree}, every
+    attempt's Tree)."""
+    factory = make_launcher_factory("evaluation", None, env, selection=selection)
+    trees: list[Tree] = []
+    errors: list[str] = []
+    task_id, difficulty = str(task.task_id), str(getattr(task, "difficulty", ""))
+    game = getattr(task, "game", None)  # TextWorld's task family (the reference also reports per game)
+    for attempt in range(retries + 1):
+        tree = None
+        try:
+            tree = await run_tree(task, env, generator, tokenizer, settings, rollout_index=attempt, pool=pool,
+                                  launcher=factory(task, attempt), tree_id=f"{task_id}#run{run_index}.{attempt}",
+                                  textworld_rules=textworld_rules)
+            tree = (await factory.finalize([tree]))[0]
+            err = tree_error(tree)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001  (a rollout that raises is retried, then counted as a failure)
+            err = f"{type(e).__name__}: {e}"
+        success = tree is not None and err is None and tree_success(tree)
+        if tree is not None:
+            tree.misc["eval"] = {"run": run_index, "attempt": attempt, "error": err, "success": success}
+            trees.append(tree)
+        if err is None:
+            return (Outcome(task_id, difficulty, success),
+                    {"task_id": task_id, "difficulty": difficulty, "game": game, "attempts": attempt + 1,
+                     "errors": errors, "success": success, "stats": tree.misc.get("stats", {})}, trees)
+        errors.append(err)
+    return (Outcome(task_id, difficulty, None),
+            {"task_id": task_id, "difficulty": difficulty, "game": game, "attempts": retries + 1, "errors": errors,
+             "success": None, "stats": trees[-1].misc.get("stats", {}) if trees else {}}, trees)
+
+
+async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tokenizer: Any, settings: RuntimeSettings,
+                         *, retries: int = 1, concurrency: int = 64, selection: dict | None = None, pool: Any = None,
+                         run_index: int = 0, textworld_rules: str = "reference",
+                         on_trees: Callable[[list[Tree]], None] | None = None
+                         ) -> tuple[list[Outcome], list[dict], list[Tree]]:
+    """Runs every task (at most ``concurrency`` at a time) under :func:`run_task`; returns (outcomes, attempt
+    records, trees), in task order. With ``on_trees`` each task's trees go there as soon as it finishes and are not
+    kept (a full task set's prompts would not fit in memory); the returned tree list is then empty."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task):
+        async with gate:
+            outcome, rec, trees = await run_task(task, env, generator, tokenizer, settings, retries=retries,
+                                                 selection=selection, pool=pool, run_index=run_index,
+                                                 textworld_rules=textworld_rules)
+        if on_trees is not None:
+            on_trees(trees)
+            trees = []
+        return outcome, rec, trees
+
+    results = await asyncio.gather(*(one(t) for t in tasks))
+    return [r[0] for r in results], [r[1] for r in results], [t for r in results for t in r[2]]
+
+
+async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Path | None = None,
+                   hf_dir: str | Path | None = None, version: int | None = None, num_tasks: int | None = None,
+                   num_runs: int | None = None, generator: Any = None, tokenizer: Any = None,
+                   wrap_generator: Callable[[Any], Any] | None = None,
+                   on_run: Callable[[int, dict], None] | None = None) -> dict:
+    """Evaluates a policy under the protocol of the module docstring; writes report.json, report.md and
+    trees.jsonl into ``out_dir`` and returns the report (``evaluate.report`` + env, task set, source, settings,
+    per-run task records).
+
+    ``generator``/``tokenizer`` replace the model (a test double); otherwise an Engine serves ``load_policy``'s
+    params. ``wrap_generator`` wraps whichever generator is used (e.g. to inject failures).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    e = cfg.eval
+    tasks = load_eval_tasks(cfg, num_tasks)
+    runs = e.num_runs if num_runs is None else num_runs
+    engine, source = None, "generator"
+    if generator is None:
+        policy = load_policy(cfg, checkpoint=checkpoint, hf_dir=hf_dir, work_dir=out_dir, version=version)
+        if policy.tokenizer.vocab_size > policy.model_cfg.vocab_size:
+            raise ValueError(f"tokenizer {policy.tokenizer_path} has {policy.tokenizer.vocab_size} tokens, more "
+                             f"than the model's vocab_size {policy.model_cfg.vocab_size}")
+        dtype = "bfloat16" if jax.default_backend() == "gpu" else policy.model_cfg.dtype
+        engine = Engine(policy.model_cfg, policy.params, eval_engine_config(cfg, policy.model_cfg, dtype),
+                        tokenizer=policy.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
+                        seed=cfg.train.seed)
+        generator, tokenizer, source = engine, policy.tokenizer, policy.source
+    if wrap_generator is not None:
+        generator = wrap_generator(generator)
+    env = cfg.env.name
+    selection = {"n": e.best_of_n, "fork_budget": e.fork_budget} if e.best_of_n > 1 else None
+    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
+    tables, by_game, finals, records, times = [], [], [], [], []
+    trees_path = out_dir / "trees.jsonl"
+    trees_path.write_text("")
+    try:
+        for r in range(runs):
+            t0 = time.monotonic()
+            outcomes, recs, trees = await evaluate_tasks(
+                tasks, env, generator, tokenizer, eval_settings(cfg, r), retries=e.retries,
+                concurrency=e.concurrency, selection=selection, pool=pool, run_index=r, textworld_rules=cfg.env.rules,
+                on_trees=lambda trees: write_jsonl(trees, trees_path))
+            times.append(time.monotonic() - t0)
+            tables.append(summarise(outcomes, DIFFICULTY_ORDER))
+            if any(rec["game"] is not None for rec in recs):
+                by_game.append(summarise([dataclasses.replace(o, difficulty=str(rec["game"]))
+                                          for o, rec in zip(outcomes, recs)]))
+            finals.append(tree_means([rec["stats"] for rec in recs]))
+            records.append(recs)
+            if on_run is not None:
+                on_run(r, tables[-1])
+    finally:
+        if pool is not None:
+            await pool.close()
+        if engine is not None:
+            engine.close()
+    settings = dataclasses.asdict(eval_settings(cfg, 0))
+    rep = report(tables, env=env, task_set=e.task_set, num_tasks=len(tasks), source=source,
+                 best_of_n=e.best_of_n, fork_budget=e.fork_budget, retries=e.retries, concurrency=e.concurrency,
+                 settings={k: v for k, v in settings.items() if k != "cell_limits"}, run_seconds=times,
+                 tasks=records, by_game=by_game, tree_means=finals, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    write_outputs(rep, out_dir)
+    return rep
+
+
+def tree_means(stats: Sequence[dict]) -> dict[str, float]:
+    """Returns the mean over trees of each count in their ``tree.misc["stats"]`` (nodes, turns, completion tokens,
+    delegations, ...; see ``runtime.tree_stats``)."""
+    keys = sorted({k for s in stats for k in s})
+    return {k: sum(float(s.get(k, 0)) for s in stats) / len(stats) for k in keys} if stats else {}
+
+
+def write_outputs(rep: dict, out_dir: str | Path) -> dict[str, str]:
+    """Writes report.json and report.md (replacing earlier ones); returns their paths by name."""
+    out_dir = Path(out_dir)
+    paths = {"report": out_dir / "report.json", "markdown": out_dir / "report.md"}
+    paths["report"].write_text(json.dumps(rep, indent=1, default=str, allow_nan=True) + "\n")
+    overall = rep["mean_std"]["overall"]
+    head = (f"# sera-eval: {rep['env']} / {rep['task_set']} ({rep['num_tasks']} tasks, {rep['num_runs']} run"
+            f"{'s' if rep['num_runs'] > 1 else ''})\n\nPolicy: {rep['source']}. Overall success "
+            f"{overall[0]:.2f} ± {overall[1]:.2f} % (sample std; errors count as failures).\n\n")
+    paths["markdown"].write_text(head + rep["markdown"] + "\n")
+    return {k: str(v) for k, v in paths.items()}

@@ -1,0 +1,258 @@
+"""Builds a training run from a ``RunConfig``: mesh, model, tokenizer, optimizer state, engine, env workers, judge,
+launchers per stage, checkpoints and metrics — everything ``train.Loop`` needs — and runs it.
+
+``sera-train`` (``sera_jax.cli.train``) is a thin wrapper over ``train_from_config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import jax
+
+import envs_py.textcraft as textcraft_env
+import envs_py.textworld_sync as textworld_env
+from sera_jax.agents.judge import frozen_policy_engine, make_judge
+from sera_jax.agents.launchers.factory import make_launcher_factory, usable_trees
+from sera_jax.agents.runtime import run_trees, start_pool
+from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.config import ConfigError, RunConfig, check_mesh
+from sera_jax.model import init_params, load_pretrained
+from sera_jax.parallel.mesh import initialize_distributed, make_mesh
+from sera_jax.rl.optim import make_optimizer
+from sera_jax.sampling import EngineConfig
+from sera_jax.sampling.engine_config import cpu_shapes
+from sera_jax.sampling.replicas import EngineReplicas
+from sera_jax.training.checkpoint import Checkpointer, sha256_file
+from sera_jax.training.loop import DataStream, Loop, StepOutcome, make_meta
+from sera_jax.training.metrics import MetricsWriter
+from sera_jax.training.step import make_train_step, shard_train_state
+from sera_jax.warmstart.tokenizer import resolve_tokenizer
+
+GENERATED_TRAIN_TASKS = 4000
+
+
+def load_env_tasks(cfg: RunConfig) -> tuple[list[Any], list[str]]:
+    """Returns (tasks filtered by ``env.difficulties``, the data files they came from)."""
+    if cfg.env.name == "textcraft":
+        if cfg.env.task_set == "generated":
+            # The generator's train split (train items only: disjoint from every val item), by the upstream rules.
+            tasks, files = textcraft_env.generate_tasks("train", n_train=GENERATED_TRAIN_TASKS), []
+        else:
+            tasks = textcraft_env.load_tasks(cfg.env.task_set)
+            files = [cfg.env.task_set] if Path(cfg.env.task_set).is_file() else []
+    else:
+        path = Path(cfg.env.task_set)
+        if path.is_file():
+            tasks, files = textworld_env.load_tasks(path), [str(path)]
+        elif cfg.env.task_set == "sample":
+            tasks, files = textworld_env.load_tasks("sample"), []
+        else:
+            tasks, files = textworld_env.generate_tasks(cfg.env.task_set), []
+    if cfg.env.difficulties:
+        tasks = [t for t in tasks if t.difficulty in cfg.env.difficulties]
+    if not tasks:
+        raise ValueError(f"env.task_set {cfg.env.task_set!r} with difficulties {cfg.env.difficulties} has no task")
+    return tasks, files
+
+
+def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
+    """Returns the agent runtime settings of the run (training sampling, caps, budgets, determinism)."""
+    r = cfg.rollout
+    return RuntimeSettings.for_env(
+        cfg.env.name, max_steps=cfg.env.max_steps, max_depth=cfg.env.max_depth, max_prompt_tokens=r.max_prompt_tokens,
+        max_context=r.context_tokens, max_new_tokens=r.max_completion_tokens, temperature=r.temperature,
+        top_p=r.top_p, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed,
+        prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
+
+
+def stage_settings(settings: RuntimeSettings, cfg: RunConfig, stage: str, version: int) -> RuntimeSettings:
+    """Returns the runtime settings of one task group: the policy version, and the rubric-generation stage's own
+    temperature when ``rollout.rubric_stage_temperature`` names one."""
+    temp = cfg.rollout.rubric_stage_temperature
+    if stage == "rubric_generation" and temp is not None:
+        return dataclasses.replace(settings, policy_version=version, temperature=temp)
+    return dataclasses.replace(settings, policy_version=version)
+
+
+def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
+    """Returns how many sampling engines this host runs (``rollout.engines``; null = every local GPU, 1 on CPU,
+    where fake devices share the same cores). Raises ConfigError when the host has fewer devices."""
+    n = cfg.rollout.engines
+    if n is None:
+        return len(local_devices) if jax.default_backend() == "gpu" else 1
+    if n > len(local_devices):
+        raise ConfigError(f"rollout.engines: {n} engines need {n} local devices, this host has {len(local_devices)}")
+    return n
+
+
+KV_FRACTION = 0.35         # of each device's memory for the policy engines' KV pools
+JUDGE_KV_FRACTION = 0.05   # of the first device's, taken from the above, for a policy_frozen judge's engine
+
+
+def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fraction: float = KV_FRACTION
+                  ) -> EngineConfig:
+    """Returns one engine's sizes: rows for its share (of ``engines``) of the in-flight agents of the groups in
+    flight, a KV pool of at most ``kv_fraction`` of device memory."""
+    r = cfg.rollout
+    groups = -(-r.groups_in_flight // engines)
+    rows = 1 << max(3, (groups * r.trees_per_task * 2 - 1).bit_length())
+    rows = min(rows, 256)
+    block = 16
+    blocks_per_seq = -(-r.context_tokens // block)
+    # The pool holds what fits in a share of device memory (paged: rows share it; a request waits when it is full).
+    m = cfg.model_config()
+    bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
+    budget = kv_cache_budget_bytes(kv_fraction)
+    num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
+    shapes = (cpu_shapes(rows, r.context_tokens, block) if jax.default_backend() == "cpu"
+              else dict(max_prefill_len=min(2048, r.context_tokens)))
+    return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks),
+                        max_context=r.context_tokens, dtype=model_dtype, **shapes)
+
+
+def kv_cache_budget_bytes(fraction: float = 0.35) -> int:
+    """Returns the bytes the KV pool may take: a fraction of the first local device's memory limit (GPU), or
+    2 GiB where the backend reports none (CPU)."""
+    try:
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return int(limit * fraction) if limit else 2 << 30
+
+
+def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
+    """Returns the newest checkpoint's parameters of the run at ``run_dir`` (``model.init_from``, e.g. the warm
+    start), cast to ``model_cfg``'s parameter dtype. Raises ValueError when its architecture differs."""
+    ck_dir = Path(run_dir) / "checkpoints"
+    if not ck_dir.is_dir():
+        raise FileNotFoundError(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
+    ck = Checkpointer(ck_dir)
+    try:
+        saved_cfg, params, _ = ck.restore_model()
+    finally:
+        ck.close()
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "head_dim", "tie_word_embeddings")
+    diff = [f"{f}: {getattr(saved_cfg, f)} vs {getattr(model_cfg, f)}" for f in fields
+            if getattr(saved_cfg, f) != getattr(model_cfg, f)]
+    if diff:
+        raise ValueError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
+    dtype = jax.numpy.dtype(model_cfg.param_dtype)
+    return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
+@contextlib.asynccontextmanager
+async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> AsyncIterator[Loop]:
+    """Yields a ready ``Loop`` for ``cfg`` (resumed from the newest checkpoint in the run directory, if any) and
+    closes its engine, env workers, checkpointer and metrics on exit."""
+    initialize_distributed()
+    out_dir = Path(out_dir or cfg.train.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check_mesh(cfg, jax.device_count())
+    mesh = make_mesh(cfg.mesh)
+    model_cfg = cfg.model_config()
+    tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, out_dir)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ValueError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
+                         f"vocab_size {model_cfg.vocab_size}")
+    key = jax.random.key(cfg.train.seed)
+    if cfg.model.init_from is not None:
+        params = initial_params_from_run(cfg.model.init_from, model_cfg)
+    elif cfg.model.hf_dir is not None:
+        _, params = load_pretrained(cfg.model.hf_dir, mesh=mesh, param_dtype=model_cfg.param_dtype,
+                                    dtype=model_cfg.dtype)
+    else:
+        params = init_params(jax.random.fold_in(key, 0), model_cfg)
+    tx = make_optimizer(cfg.optim)
+    state = shard_train_state(params, tx, model_cfg, mesh)
+    del params
+    step_fn = make_train_step(model_cfg, tx, cfg.step, mesh=mesh, state=state)
+    sampler_dtype = "bfloat16" if jax.default_backend() == "gpu" else model_cfg.dtype
+    tasks, files = load_env_tasks(cfg)
+    method = cfg.method_config()
+    env = cfg.env.name
+    settings = runtime_settings(cfg)
+    tw_rubric_stage = env != "textcraft" and method.uses("rubric_generation")  # the one stage that asks a judge
+    frozen_judge = tw_rubric_stage and cfg.judge.kind == "policy_frozen"
+    # One engine per local device (rollout.engines), each with its own pool; a task group runs on one of them.
+    local = jax.local_devices()
+    n_engines = num_engines(cfg, local)
+    kv = KV_FRACTION - (JUDGE_KV_FRACTION if frozen_judge else 0.0)
+    engine = EngineReplicas.build(model_cfg, state.params, engine_config(cfg, sampler_dtype, n_engines, kv),
+                                  devices=local[:n_engines], tokenizer=tokenizer, seed=cfg.train.seed)
+    judge = judge_engine = None
+    if tw_rubric_stage:
+        j = cfg.judge
+        if frozen_judge:
+            # The initial policy's weights, never updated (the run's restore comes later and publishes only to
+            # the policy engines): labels do not drift with training.
+            judge_engine = frozen_policy_engine(
+                model_cfg, state.params, engine_config(cfg, sampler_dtype, cfg.rollout.groups_in_flight,
+                                                       JUDGE_KV_FRACTION), tokenizer, device=local[0])
+        judge = make_judge(env, {"kind": "chat", "base_url": j.endpoint, "model": j.model} if j.kind == "openai"
+                           else {"kind": "policy_frozen"}, generator=judge_engine, tokenizer=tokenizer)
+    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
+
+    async def run_group(task, stage: str, version: int):
+        factory = make_launcher_factory(stage, method, env, judge=judge, max_context=settings.max_context)
+        with engine.pinned():  # the group's trees, forks and scoring calls share one engine's prefix cache
+            trees = await run_trees([task], env, engine, tokenizer,
+                                    stage_settings(settings, cfg, stage, version),
+                                    rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,
+                                    max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
+                                    textworld_rules=cfg.env.rules)
+            trees = await factory.finalize(trees)
+        return usable_trees(trees)
+
+    checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
+                                keep=cfg.train.keep_checkpoints)
+    metrics = MetricsWriter(out_dir)
+    data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
+    loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
+                method=method, stream=DataStream(len(tasks), seed=cfg.train.seed), env=env,
+                decode=tokenizer.decode, mesh=mesh, tasks_per_step=cfg.rollout.tasks_per_step,
+                stage_tasks_per_step=({} if cfg.rollout.rubric_stage_tasks_per_step is None else
+                                      {"rubric_generation": cfg.rollout.rubric_stage_tasks_per_step}),
+                groups_in_flight=cfg.rollout.groups_in_flight, token_budget=cfg.batch.token_budget,
+                buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
+                filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
+                metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
+                                                data_files=data_files), trees_dir=out_dir / "trees")
+    loop.tokenizer = tokenizer  # for callers that render trees or evaluate
+    loop.engine = engine  # EngineReplicas: the policy's sampling engines
+    loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
+    loop.restore_latest()
+    try:
+        yield loop
+    finally:
+        engine.close()
+        if judge_engine is not None:
+            judge_engine.close()
+        if pool is not None:
+            await pool.close()
+        checkpointer.close()
+        metrics.close()
+
+
+async def train_from_config(cfg: RunConfig, *, out_dir: str | Path | None = None, max_attempts: int | None = None,
+                            on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
+    """Trains ``cfg`` to ``train.total_steps`` versions (resuming if the run directory has checkpoints); returns
+    the outcome of every attempt."""
+    async with build_loop(cfg, out_dir=out_dir) as loop:
+        return await loop.run(cfg.train.total_steps, max_attempts=max_attempts, on_step=on_step)
+
+
+def config_file_hashes(paths: list[str]) -> dict[str, str]:
+    """Returns sha256 of the given config files (recorded with the run)."""
+    return {p: sha256_file(p) for p in paths if Path(p).is_file()}
+
+
+def run(cfg: RunConfig, **kw: Any) -> list[StepOutcome]:
+    """Synchronous wrapper of ``train_from_config``."""
+    return asyncio.run(train_from_config(cfg, **kw))

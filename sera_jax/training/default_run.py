@@ -1,0 +1,130 @@
+"""The embedded default run (``sera-train`` with no argument): warm start → evaluate → SERA training → evaluate.
+
+1. The oracle warm start (``warmstart.py``) is built into ``model.init_from`` unless a checkpoint is already there.
+2. The warm-started policy is evaluated on ``eval.task_set`` / ``eval.difficulties`` (the official Easy validation
+   tasks for the tiny default, one tree per task sampled at ``eval.temperature``) — ``eval_before/``.
+3. SERA training runs to ``train.total_steps`` versions (the 16:2:2 stage schedule, the same loop as at scale).
+4. The trained policy is evaluated the same way — ``eval_after/`` — and ``summary.json``/``summary.md`` put both
+   side by side; ``learning_curve.png`` plots root success, rubric ranking accuracy and delegation rate per step.
+
+A rerun resumes: finished evaluations are read back from their reports, training resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from sera_jax.evaluation.protocol import evaluate
+from sera_jax.training.build import build_loop
+from sera_jax.training.metrics import read_metrics
+from sera_jax.warmstart.sft import warm_start
+
+# One panel per entry: (y-axis label, series); a series is (metrics key, legend label or None = colour by stage).
+CURVE_PANELS = (
+    ("root success (training rollouts)", (("root_success", None),)),
+    ("rubric ranking accuracy", (("rubric_ranking_accuracy", None),
+                                 ("subagent_score_accuracy", "scored sub-agents: ranking (execution)"),
+                                 ("subagent_score_agreement", "scored sub-agents: flag = success (execution)"))),
+    ("delegation rate", (("delegation_rate", None),)),
+)
+STAGE_COLORS = {"execution": "tab:blue", "delegation": "tab:orange", "rubric_generation": "tab:green"}
+
+
+def learning_curve(metrics_path: str | Path, png_path: str | Path, *, title: str = "") -> Path:
+    """Writes the learning curve of a run's ``metrics.jsonl`` (the ``CURVE_PANELS``, per attempted step; a stage's
+    points in its colour) to ``png_path``; returns the path. The rubric panel shows the rubric-generation stage's
+    fork-group ranking accuracy and, at execution steps, how the policy's scores of its sub-agents match their
+    programmatic success (``step_stats``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in read_metrics(metrics_path) if r.get("kind") == "step"]
+    fig, axes = plt.subplots(len(CURVE_PANELS), 1, figsize=(7, 2.4 * len(CURVE_PANELS)), sharex=True)
+    markers = iter(("x", "+", "^"))
+    for ax, (label, series) in zip(axes, CURVE_PANELS):
+        for key, name in series:
+            pts = [(i, r[key], r.get("stage", "")) for i, r in enumerate(rows)
+                   if isinstance(r.get(key), (int, float))]
+            if not pts:
+                continue
+            if name is None:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color="0.7", lw=1)
+                for stage, c in STAGE_COLORS.items():
+                    sel = [p for p in pts if p[2] == stage]
+                    if sel:
+                        ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=14, color=c, label=stage)
+            else:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", marker=next(markers), ms=5, lw=1,
+                        color="0.35", label=name)
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        handles, names = ax.get_legend_handles_labels()
+        if handles and (ax is axes[0] or any(n not in STAGE_COLORS for n in names)):
+            ax.legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("attempted step (skipped steps included)")
+    if title:
+        axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    png_path = Path(png_path)
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+async def _evaluate(cfg: Any, loop: Any, out_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Returns the evaluation report in ``out_dir`` (read back when it exists, else run on the loop's engine)."""
+    report_path = out_dir / "report.json"
+    if report_path.is_file():
+        return json.loads(report_path.read_text())
+    rep = await evaluate(cfg, out_dir=out_dir, generator=loop.engine, tokenizer=loop.tokenizer,
+                         num_tasks=cfg.eval.num_tasks)
+    log(f"evaluation ({out_dir.name}): {json.dumps(rep['runs'][0]['overall'])}")
+    return rep
+
+
+def _decoding(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"one tree sampled at temperature {temperature:g} per task"
+
+
+def success_rate(rep: dict[str, Any]) -> float:
+    """Returns the overall success rate (%) of an evaluation report (first run)."""
+    return float(rep["overall_rate_mean"])
+
+
+async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: Callable | None = None,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Runs the four phases of the module docstring; returns the summary (also written to ``summary.json``)."""
+    out = Path(out_dir or cfg.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.warmstart.enabled and cfg.model.init_from is not None:
+        warm_start(cfg, cfg.model.init_from, log=log)
+    async with build_loop(cfg, out_dir=out) as loop:
+        start_version = loop.version
+        before = await _evaluate(cfg, loop, out / "eval_before", log) if start_version == 0 or \
+            (out / "eval_before" / "report.json").is_file() else None
+        outcomes = await loop.run(cfg.train.total_steps, on_step=on_step)
+        after = await _evaluate(cfg, loop, out / "eval_after", log)
+    curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png",
+                           title=f"{cfg.name}: {cfg.method.name} on {cfg.env.name} (seed {cfg.train.seed})")
+    summary = {
+        "eval_task_set": cfg.eval.task_set, "eval_difficulties": list(cfg.eval.difficulties),
+        "success_before": success_rate(before) if before else None, "success_after": success_rate(after),
+        "eval_tasks": after.get("num_tasks"), "versions": loop.version, "attempts_this_run": len(outcomes),
+        "skipped_this_run": sum(o.skipped for o in outcomes), "learning_curve": str(curve),
+        "advantage_sign": cfg.step.advantage_sign, "seed": cfg.train.seed,
+        "eval_temperature": cfg.eval.temperature,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    before_txt = f"{summary['success_before']:.1f}%" if before else "n/a (resumed run)"
+    (out / "summary.md").write_text(
+        f"# {cfg.name}\n\nHeld-out success ({cfg.eval.task_set}, {', '.join(cfg.eval.difficulties) or 'all'}; "
+        f"{summary['eval_tasks']} tasks, {_decoding(cfg.eval.temperature)}): before {before_txt} → "
+        f"after {summary['success_after']:.1f}% after {summary['versions']} policy versions.\n\n"
+        "![learning curve](learning_curve.png)\n")
+    log(f"held-out success: before {before_txt} -> after {summary['success_after']:.1f}%  ({out / 'summary.md'})")
+    return summary

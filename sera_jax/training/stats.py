@@ -1,0 +1,117 @@
+"""What one step's trees say, as scalars: success, delegation, tree shape, rubric calls, supervision spent, and how
+well the policy's rubrics ranked real successes above failures at the step's delegation points.
+
+Rubric quality, two views: ``rubric_ranking_accuracy`` / ``rubric_ranking_auc`` over the counterfactual fork groups
+(rubric-generation stage: each group's branches scored with its fresh rubric, mean over the ranked groups), and
+``subagent_score_accuracy`` / ``subagent_score_auc`` over the sub-agents scored during execution steps (every scored
+child of the step's trees pooled: its rubric score against its programmatic success), with
+``subagent_score_agreement``, the fraction whose score's success flag equals that success.
+
+Supervision spent (``supervision/…``), summed over the step's finished trees (accepted and rejected groups alike:
+the supervision was spent either way; groups cancelled in flight left no records and are not counted):
+
+* ``supervision/programmatic_labels`` — counterfactual branches labelled by the programmatic checker (TextCraft);
+* ``supervision/judge_labels`` — branches a judge model labelled (TextWorld; branches it failed on are not counted);
+* ``supervision/judge_calls`` — requests sent to the judge (every attempt: retries and failed requests included);
+* ``supervision/judge_prompt_tokens`` / ``supervision/judge_completion_tokens`` — their tokens: the endpoint's
+  ``usage`` (chat judge) or the token ids sent and generated (``policy_frozen`` judge);
+* ``supervision/judge_unmetered_calls`` — judge requests with no token count (no ``usage`` in the reply, or no
+  reply): when non-zero the token sums are lower bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.records import Tree, TreeIndex
+
+
+def ranking_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """Returns P(score of a random success > score of a random failure), ties counting 1/2; None without both."""
+    s = np.asarray(scores, np.float64)
+    y = np.asarray(labels, bool)
+    if y.all() or not y.any():
+        return None
+    gaps = s[y][:, None] - s[~y][None, :]
+    return float((gaps > 0).mean() + 0.5 * (gaps == 0).mean())
+
+
+def pairwise_accuracy(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """Returns the fraction of (success, failure) pairs whose success scores strictly higher (needs both labels)."""
+    s = np.asarray(scores, np.float64)
+    y = np.asarray(labels, bool)
+    return float(((s[y][:, None] - s[~y][None, :]) > 0).mean())
+
+
+def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[str, float]:
+    """Returns step-level scalars of ``trees`` (empty dict for no trees)."""
+    if not trees:
+        return {}
+    root_success, delegated, nodes, depth, tokens, errors = [], [], [], [], [], []
+    rubric = {"rubric_calls": 0, "rubric_invalid": 0, "score_calls": 0, "score_invalid": 0}
+    labels = 0
+    judge = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "unmetered_calls": 0}
+    aucs, accs = [], []
+    child_scores, child_labels, child_flags = [], [], []
+    for t in trees:
+        idx = TreeIndex.build(t)
+        root = t.nodes[idx.root]
+        root_success.append(float(root.env_labels.get("success", 0.0) or 0.0))
+        stats = t.misc.get("stats", {})
+        delegated.append(float(stats.get("delegations", 0) > 0))
+        nodes.append(stats.get("nodes", len(t.nodes)))
+        depth.append(stats.get("max_depth", max(idx.depth.values(), default=0)))
+        tokens.append(stats.get("completion_tokens", 0))
+        errors.append(stats.get("agent_errors", 0))
+        rs = t.misc.get("rubric_stats", {})
+        if "children" in rs:  # execution stage (RubricCoordinator): a rubric per child, a score per valid rubric
+            rubric["rubric_calls"] += int(rs.get("children", 0) or 0)
+            rubric["score_calls"] += int(rs.get("scored", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
+        else:  # rubric-generation stage (counterfactual collector): a rubric per complete group, a score per branch
+            rubric["rubric_calls"] += int(rs.get("complete", rs.get("rubrics", 0)) or 0)
+            rubric["score_calls"] += int(rs.get("scores", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
+        rubric["rubric_invalid"] += int(rs.get("rubric_invalid", 0) or 0)
+        rubric["score_invalid"] += int(rs.get("score_invalid", 0) or 0)
+        for node in t.nodes.values():
+            if (node.rubric_score is not None and node.parent_id is not None and node.fork_group_id is None
+                    and node.env_labels.get("success") is not None):
+                child_scores.append(float(node.rubric_score.score))
+                child_labels.append(bool(node.env_labels["success"]))
+                child_flags.append(bool(node.rubric_score.success))
+            spent = node.misc.get("judge_label") or {}
+            for k in judge:
+                judge[k] += int(spent.get(k, 0) or 0)
+        for g in t.fork_groups:
+            labelled = [b for b in g.branches if b.success is not None]
+            labels += len(labelled)
+            scored = [b for b in labelled if b.score is not None]
+            auc = ranking_auc([b.score for b in scored], [bool(b.success) for b in scored])
+            if auc is not None:
+                aucs.append(auc)
+                accs.append(pairwise_accuracy([b.score for b in scored], [bool(b.success) for b in scored]))
+    out: dict[str, Any] = {
+        "root_success": float(np.mean(root_success)), "delegation_rate": float(np.mean(delegated)),
+        "nodes_per_tree": float(np.mean(nodes)), "max_depth": float(np.max(depth)),
+        "completion_tokens": float(np.sum(tokens)), "agent_errors": float(np.sum(errors)),
+        **{k: float(v) for k, v in rubric.items()},
+        # Supervision: TextCraft labels are programmatic checks; TextWorld's come from the judge.
+        "supervision/programmatic_labels": float(labels if env == "textcraft" else 0),
+        "supervision/judge_labels": float(labels if env != "textcraft" else 0),
+        **{f"supervision/judge_{k}": float(v) for k, v in judge.items()},
+    }
+    if aucs:
+        out["rubric_ranking_accuracy"] = float(np.mean(accs))
+        out["rubric_ranking_auc"] = float(np.mean(aucs))
+        out["ranked_groups"] = float(len(aucs))
+    if child_scores:
+        out["scored_subagents"] = float(len(child_scores))
+        out["subagent_score_agreement"] = float(np.mean(np.asarray(child_flags) == np.asarray(child_labels)))
+        auc = ranking_auc(child_scores, child_labels)
+        if auc is not None:
+            out["subagent_score_auc"] = auc
+            out["subagent_score_accuracy"] = pairwise_accuracy(child_scores, child_labels)
+    return out

@@ -1,0 +1,248 @@
+"""The training step: pure, jitted, sharded; fp32 master weights, compute in ``model_cfg.dtype``; CISPO; optax.
+
+``train_step(state, batch) -> (state, metrics)`` takes one optimizer step's micro-batches stacked on a leading
+axis ([M, B, T]) and accumulates their gradients in fp32 under ``lax.scan``; each micro-batch's loss is already
+normalised by the step's global loss-token count (``rl.losses``), so the sum over micro-batches is the step loss
+whatever the split. Micro-batches without a single loss token (padding up to a bucketed M) cost no compute: a
+``lax.cond`` returns zeros for them. A non-finite loss or gradient norm skips the update: parameters, optimizer
+state and the step counter come back unchanged, and ``metrics["skipped"]`` is 1.
+
+``publish(params, ...)`` casts the master weights to the sampler's dtype and places them in the sampler's layout,
+on device (no host round trip).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sera_jax.model import Qwen3Config, token_logprobs
+from sera_jax.model.sharding import param_shardings
+from sera_jax.parallel.mesh import activate
+from sera_jax.parallel.rules import TRAIN_RULES, Rules, mesh_spec
+from sera_jax.rl.batch import MicroBatch
+from sera_jax.rl.losses import get_loss
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # applied optimizer updates (skipped steps do not count)
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    loss: str = "cispo"
+    ratio_min: float = 0.0
+    ratio_max: float = 5.0
+    # -1 flips every advantage: the control run that must not improve (a sanity check of the learning signal).
+    advantage_sign: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.advantage_sign not in (1.0, -1.0):
+            raise ValueError(f"advantage_sign must be 1 or -1, got {self.advantage_sign}")
+
+
+def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
+    """Returns step 0 with the optimizer state of ``params`` (moments in the parameters' dtype)."""
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def stack_micro_batches(micro: list[MicroBatch], *, num: int | None = None, row_multiple: int = 1) -> MicroBatch:
+    """Returns the micro-batches stacked to [M, B, T], M padded to ``num`` (default the next power of two) with
+    loss-free micro-batches, and rows padded to a multiple of ``row_multiple`` (the mesh's batch-axis size)."""
+    if not micro:
+        raise ValueError("no micro-batches to stack")
+    m = num if num is not None else _bucket(len(micro))
+    if m < len(micro):
+        raise ValueError(f"{len(micro)} micro-batches do not fit num={m}")
+    arrays = {f.name: np.stack([np.asarray(getattr(b, f.name)) for b in micro])
+              for f in dataclasses.fields(MicroBatch)}
+    for name, a in arrays.items():
+        if name == "num_tokens":
+            arrays[name] = np.concatenate([a, np.repeat(a[:1], m - len(micro), axis=0)])
+            continue
+        pad_m = m - a.shape[0]
+        pad_b = (-a.shape[1]) % row_multiple
+        arrays[name] = np.pad(a, ((0, pad_m), (0, pad_b), (0, 0)))
+    return MicroBatch(**{k: jnp.asarray(v) for k, v in arrays.items()})
+
+
+def _micro_grads(params, mb: MicroBatch, model_cfg: Qwen3Config, step_cfg: StepConfig):
+    loss_fn = get_loss(step_cfg.loss)
+
+    def objective(p):
+        # Only the loss tokens' log-probabilities are needed: the head skips chunks of prompt and padding.
+        logp = token_logprobs(p, model_cfg, mb.tokens, mb.targets, mb.segment_ids, mb.positions,
+                              mask_BT=mb.loss_mask)
+        kw = {"ratio_min": step_cfg.ratio_min, "ratio_max": step_cfg.ratio_max} if step_cfg.loss == "cispo" else {}
+        adv = mb.advantages if step_cfg.advantage_sign == 1.0 else -mb.advantages
+        loss = loss_fn(logp, mb.old_logprobs, adv, mb.loss_mask, num_tokens=mb.num_tokens, **kw)
+        return loss, logp
+
+    (loss, logp), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    mask = mb.loss_mask > 0
+    ratio = jnp.exp(jnp.where(mask, logp - mb.old_logprobs, 0.0))
+    clipped = mask & ((ratio > step_cfg.ratio_max) | (ratio < step_cfg.ratio_min))
+    stats = {
+        "clipped_tokens": jnp.sum(clipped).astype(jnp.float32),
+        "ratio_sum": jnp.sum(jnp.where(mask, ratio, 0.0)),
+        "logp_sum": jnp.sum(jnp.where(mask, logp, 0.0)),
+        "adv_sum": jnp.sum(jnp.where(mask, mb.advantages, 0.0)),
+        "tokens": jnp.sum(mask).astype(jnp.float32),
+    }
+    return loss, grads, stats
+
+
+def train_step(state: TrainState, batch: MicroBatch, *, model_cfg: Qwen3Config, tx: optax.GradientTransformation,
+               step_cfg: StepConfig = StepConfig()) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Returns (new state, metrics) after one optimizer step over the stacked micro-batches ``batch`` [M, B, T]."""
+    zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+    zero_stats = {k: jnp.zeros((), jnp.float32)
+                  for k in ("clipped_tokens", "ratio_sum", "logp_sum", "adv_sum", "tokens")}
+
+    def body(carry, mb):
+        g_acc, loss_acc, stats_acc = carry
+
+        def compute(_):
+            loss, g, stats = _micro_grads(state.params, mb, model_cfg, step_cfg)
+            return loss.astype(jnp.float32), jax.tree.map(lambda x: x.astype(jnp.float32), g), stats
+
+        def skip(_):
+            return jnp.zeros((), jnp.float32), zeros_g, zero_stats
+
+        loss, g, stats = jax.lax.cond(jnp.any(mb.loss_mask > 0), compute, skip, None)
+        g_acc = jax.tree.map(jnp.add, g_acc, g)
+        stats_acc = {k: stats_acc[k] + stats[k] for k in stats_acc}
+        return (g_acc, loss_acc + loss, stats_acc), None
+
+    (grads, loss, stats), _ = jax.lax.scan(body, (zeros_g, jnp.zeros((), jnp.float32), zero_stats), batch)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # Non-finite gradients must not reach the optimizer state even on the discarded branch's arithmetic.
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    updates, new_opt = tx.update(safe_grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=pick(new_params, state.params),
+                           opt_state=pick(new_opt, state.opt_state))
+    tokens = jnp.maximum(stats["tokens"], 1.0)
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "skipped": 1.0 - finite.astype(jnp.float32),
+        "tokens": stats["tokens"],
+        "clip_frac": stats["clipped_tokens"] / tokens,
+        "mean_ratio": stats["ratio_sum"] / tokens,
+        "mean_logp": stats["logp_sum"] / tokens,
+        "mean_advantage": stats["adv_sum"] / tokens,
+        "update_norm": optax.tree.norm(jax.tree.map(lambda a, b: a - b, new_state.params, state.params)),
+    }
+    return new_state, metrics
+
+
+def batch_sharding(mesh: Mesh, rules: Rules = TRAIN_RULES) -> NamedSharding:
+    """Returns the sharding of stacked micro-batches [M, B, T]: rows over the rules' ``batch`` axes."""
+    return NamedSharding(mesh, PartitionSpec(None, *mesh_spec(("batch", "length"), rules)))
+
+
+def batch_axis_size(mesh: Mesh, rules: Rules = TRAIN_RULES) -> int:
+    """Returns how many ways the rows of a micro-batch are split (rows must be a multiple of it)."""
+    axes = mesh_spec(("batch",), rules)[0]
+    axes = (axes,) if isinstance(axes, str) else (axes or ())
+    return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+
+
+def shard_train_state(params, tx: optax.GradientTransformation, model_cfg: Qwen3Config, mesh: Mesh,
+                      rules: Rules = TRAIN_RULES) -> TrainState:
+    """Returns a TrainState with params placed by the rules and Adam moments sharded exactly like their
+    parameters (the optimizer state is created on device, under jit, from the sharded parameters)."""
+    p_shard = param_shardings(model_cfg, mesh, rules)
+    params = jax.device_put(params, p_shard)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shape = jax.eval_shape(tx.init, params)
+    flat_params = jax.tree_util.tree_flatten_with_path(p_shard)[0]
+
+    def opt_leaf_sharding(path, leaf):
+        # optax moments hold a copy of the parameter tree: a leaf whose path ends with a parameter's path and
+        # has its shape is that parameter's moment.
+        key = jax.tree_util.keystr(path)
+        for p_path, sh in flat_params:
+            if key.endswith(jax.tree_util.keystr(p_path)) and leaf.ndim > 0:
+                return sh
+        return replicated
+
+    opt_sh = jax.tree_util.tree_map_with_path(opt_leaf_sharding, opt_shape)
+    opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
+    return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params, opt_state=opt_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """A jitted train step and the layouts it expects: call it as ``step(state, batch) -> (state, metrics)``.
+
+    ``batch_sharding`` is where a host batch must be put before the call (None: wherever it is, single device);
+    ``state_shardings`` the layout the state keeps across steps (the state is donated).
+    """
+
+    jitted: Any
+    mesh: Mesh | None = None
+    rules: Rules = TRAIN_RULES
+    state_shardings: Any = None
+    batch_sharding: MicroBatch | None = None
+
+    def __call__(self, state: TrainState, batch: MicroBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+        if self.mesh is None:
+            return self.jitted(state, batch)
+        with activate(self.mesh, self.rules):
+            return self.jitted(state, batch)
+
+    def place(self, batch: MicroBatch) -> MicroBatch:
+        """Returns ``batch`` on the devices, in the layout the step expects."""
+        return batch if self.batch_sharding is None else jax.device_put(batch, self.batch_sharding)
+
+
+def make_train_step(model_cfg: Qwen3Config, tx: optax.GradientTransformation, step_cfg: StepConfig = StepConfig(),
+                    *, mesh: Mesh | None = None, rules: Rules = TRAIN_RULES,
+                    state: TrainState | None = None) -> CompiledStep:
+    """Returns the jitted ``train_step(state, batch) -> (state, metrics)`` as a ``CompiledStep``; with a mesh,
+    FSDP/data sharded (state shardings read from ``state``, e.g. from ``shard_train_state``) with the state donated
+    (its buffers are reused for the new state)."""
+    fn = functools.partial(train_step, model_cfg=model_cfg, tx=tx, step_cfg=step_cfg)
+    if mesh is None:
+        return CompiledStep(jax.jit(fn, donate_argnums=0))
+    if state is None:
+        raise ValueError("make_train_step with a mesh needs the (sharded) state whose layout it keeps")
+    st_sh = jax.tree.map(lambda x: x.sharding, state)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    b_sh = batch_sharding(mesh, rules)
+    batch_sh = MicroBatch(**{f.name: (replicated if f.name == "num_tokens" else b_sh)
+                             for f in dataclasses.fields(MicroBatch)})
+    jitted = jax.jit(fn, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, replicated), donate_argnums=0)
+    return CompiledStep(jitted, mesh=mesh, rules=rules, state_shardings=st_sh, batch_sharding=batch_sh)
+
+
+def publish(params, *, dtype: str = "bfloat16", shardings=None):
+    """Returns the parameters cast to ``dtype`` in the sampler's layout (``shardings``; default: where they are).
+
+    Runs on device: a jitted cast whose output shardings are the sampler's, so XLA performs the reshard.
+    """
+    target = jnp.dtype(dtype)
+    cast = lambda p: jax.tree.map(lambda x: x.astype(target), p)  # noqa: E731
+    if shardings is None:
+        return jax.jit(cast)(params)
+    return jax.jit(cast, out_shardings=shardings)(params)
