@@ -73,6 +73,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"{key}: unsupported field type {tp!r}")
 
 
+# Keys that were removed, with what replaces them.
+RENAMED = {
+    "rollout.groups_in_flight": "removed: task groups are admitted one per rank (rollout.tasks_per_step ranks) "
+                                "under the reference's quota, see rollout.max_concurrent_rollouts and "
+                                "method.max_head_offpolicyness; rollout.speculative_groups_per_rank runs more "
+                                "ahead (recipes.md §2)",
+}
+
+
 def _build(cls, data: Any, prefix: str):
     if isinstance(data, cls):
         return data
@@ -83,6 +92,8 @@ def _build(cls, data: Any, prefix: str):
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
+        if key in RENAMED:
+            raise ConfigError(f"{key}: {RENAMED[key]}")
         if k not in names:
             raise ConfigError(f"{key}: unknown key; allowed: {', '.join(names)}")
         kwargs[k] = _coerce(v, hints[k], key)

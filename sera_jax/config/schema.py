@@ -65,9 +65,15 @@ class MethodSection:
     max_head_offpolicyness: Optional[int] = None
     # Execution-stage rejection of all-equal task groups (§5.6); null = the environment's (TC true, TW false).
     execution_filter_zero_variance_groups: Optional[bool] = None
-    # Completion caps of the rubric-writing and scoring calls; null = the method's (1024 each, spec §3.5).
+    # Delegation-stage rejection of all-equal task groups (leaf_credit filter); null = the environment's (TC true,
+    # TW false: recipes.md §1b).
+    delegation_filter_zero_variance_groups: Optional[bool] = None
+    # Completion caps of the rubric-writing and execution-stage scoring calls; null = the method's (1024 each).
     max_rubric_tokens: Optional[int] = None
     max_scoring_tokens: Optional[int] = None
+    # Completion cap of the rubric-generation stage's scoring calls; null = the method's (1024; TW recipes 512).
+    rubric_stage_max_scoring_tokens: Optional[int] = None
+    ranking_margin: Optional[float] = None            # the hinge margin; null = the method's (0.2)
     # Counterfactual branches per delegation point and environments per root rollout; null = the method's (8, 16).
     branching_factor: Optional[int] = None
     max_counterfactual_envs_per_rollout: Optional[int] = None
@@ -99,9 +105,14 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection:
-    tasks_per_step: int = 8              # accepted task groups per optimizer step
+    tasks_per_step: int = 8              # accepted task groups per optimizer step = admission ranks (recipes §2)
     trees_per_task: int = 8              # root rollouts per task group (G)
-    groups_in_flight: int = 24           # concurrent task groups (spec §6.3 "concurrent rollouts")
+    # The reference's rollout.max_concurrent_rollouts: each rank may run max(1, ⌊x / tasks_per_step⌋) groups, a
+    # cap that binds only when method.max_head_offpolicyness > 0 (recipes.md §2.2); null = tasks_per_step.
+    max_concurrent_rollouts: Optional[int] = None
+    # Extra groups per rank started ahead of the quota and consumed in start order (training/admission.py): not in
+    # the reference; a speed setting that changes when a group runs, not which groups are trained.
+    speculative_groups_per_rank: int = 0
     temperature: float = 1.0
     # Agents' temperature in the rubric-generation stage's trees; null = ``temperature``. Its fork branches replay
     # one sub-task: below temperature 1 a sharpened policy's branches nearly always agree, and a fork group whose
@@ -133,7 +144,11 @@ class TrainSection:
     checkpoint_every: int = 50
     keep_checkpoints: int = 3
     out_dir: str = "runs/default"
-    deterministic_scheduling: bool = False  # replayable rollout order (resume gives the same next step)
+    deterministic_scheduling: bool = False  # the update never overlaps rollouts (resume gives the same next step)
+    # The training task order: its seed (null = seed) and whether each pass reshuffles. The reference's sampler
+    # uses seed 0 and never reshuffles, so every recipe and seed sees one order (recipes.md §1c).
+    data_seed: Optional[int] = None
+    reshuffle_each_epoch: bool = True
     max_epochs: int = 10                 # safety bound over the task set
 
 
@@ -145,7 +160,9 @@ class JudgeSection:
     model: Optional[str] = None
     temperature: float = 1.0
     max_tokens: int = 1024
-    retries: int = 2
+    retries: int = 2                     # the rubric-stage judge's retries; the execution judge makes one attempt
+    concurrency: int = 16                # judge requests in flight (per task group)
+    timeout_s: float = 1800.0            # per request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +177,7 @@ class EvalSection:
     context_tokens: int = 10240          # TC 10240 / TW 13312
     concurrency: int = 64
     retries: int = 1
-    num_runs: int = 1
+    num_runs: int = 3                    # independent passes over the task set (recipes.md §4: three)
     every: int = 0                       # evaluate every N optimizer steps during training (0 = never)
     best_of_n: int = 1                   # test-time selection (N = 2 in the paper's TextWorld runs; both envs here)
     fork_budget: int = 32
@@ -220,12 +237,20 @@ class RunConfig:
         over = {k: getattr(s, k) for k in ("stage_schedule", "ranking_objective", "max_head_offpolicyness",
                                            "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
                                            "max_counterfactual_envs_per_rollout", "rubric_temperature",
-                                           "rubric_filter_unranked_groups", "rubric_baseline_scope")
+                                           "rubric_filter_unranked_groups", "rubric_baseline_scope",
+                                           "rubric_stage_max_scoring_tokens", "ranking_margin")
                 if getattr(s, k) is not None}
+        flag = s.delegation_filter_zero_variance_groups
+        over["delegation_filter_zero_variance_groups"] = self.env.name == "textcraft" if flag is None else flag
         over["seed"] = self.train.seed
-        over["concurrent_rollouts"] = self.rollout.groups_in_flight
+        over["concurrent_rollouts"] = self.max_concurrent_rollouts()
         over["cispo_ratio_min"], over["cispo_ratio_max"] = self.step.ratio_min, self.step.ratio_max
         return dataclasses.replace(base, **over)
+
+    def max_concurrent_rollouts(self) -> int:
+        """Returns rollout.max_concurrent_rollouts, or its reference default (the train batch: tasks_per_step)."""
+        x = self.rollout.max_concurrent_rollouts
+        return self.rollout.tasks_per_step if x is None else x
 
     def execution_filter_zero_variance(self) -> bool:
         """Returns whether the execution stage rejects task groups whose datum scalars are all equal (§5.6, §11)."""

@@ -66,13 +66,15 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     for section in ("env", "rollout", "batch", "train", "eval", "judge"):
         for f in dataclasses.fields(getattr(cfg, section)):
             v = getattr(getattr(cfg, section), f.name)
-            if isinstance(v, int) and not isinstance(v, bool) and f.name not in ("seed", "every", "retries"):
+            if isinstance(v, int) and not isinstance(v, bool) and f.name not in ("seed", "every", "retries",
+                                                                                  "speculative_groups_per_rank",
+                                                                                  "data_seed"):
                 need(v > 0, f"{section}.{f.name}", f"must be positive, got {v}")
-            if isinstance(v, int) and not isinstance(v, bool) and f.name in ("every", "retries"):
+            if isinstance(v, int) and not isinstance(v, bool) and f.name in ("every", "retries",
+                                                                             "speculative_groups_per_rank"):
                 need(v >= 0, f"{section}.{f.name}", f"must be ≥ 0, got {v}")
     need(cfg.env.max_depth <= 8, "env.max_depth", f"at most 8, got {cfg.env.max_depth}")
     need(cfg.rollout.trees_per_task >= 2, "rollout.trees_per_task", "leave-one-out baselines need at least 2")
-    need(cfg.rollout.groups_in_flight >= 1, "rollout.groups_in_flight", "must be ≥ 1")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
     rtp = cfg.rollout.rubric_stage_tasks_per_step
@@ -120,6 +122,9 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     needs_labels = method.execution_reward == "rao" or method.uses("rubric_generation")
     need(not (tw and needs_labels and cfg.judge.kind == "programmatic"), "judge.kind",
          f"{method.name} on textworld_sync needs sub-agent labels from a judge (openai or policy_frozen)")
+    need(not (tw and method.ranking_objective == "order_discrimination"), "method.ranking_objective",
+         "order_discrimination is a TextCraft ablation (Rank+Disc): the reference refuses it for textworld_sync, "
+         "so no paper method exists to reproduce")
     need(cfg.judge.kind != "openai" or bool(cfg.judge.endpoint or cfg.judge.endpoint_env), "judge.endpoint",
          "an openai judge needs endpoint or endpoint_env")
     check_mesh(cfg, num_devices, model_cfg=model_cfg)

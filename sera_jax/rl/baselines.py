@@ -168,7 +168,8 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
     """Returns the stage's datums for the G root rollouts of one task, with advantages, and the §5.6 verdict.
 
     execution: rewards per ``method.execution_reward``, TextCraft error filter, root-reward LOO; a zero-variance
-    group is rejected when ``filter_zero_variance`` (default: TextCraft) else kept as non-trainable.
+    group is rejected when ``filter_zero_variance`` (default: TextCraft) else kept, trainable, with zero advantages
+    (TextWorld, recipes.md §1b).
     delegation: launch datums (``decode`` required), leaf-coverage reward, ``method.launch_advantage_mode``;
     rejected with G < 2, no launch datum, or all-equal advantages.
     rubric_generation: one datum per ranked fork group, LOO over them; always accepted (with
@@ -182,10 +183,10 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
         roots = [env_success(t.nodes[TreeIndex.build(t).root]) for t in trees]
         ds = assign_execution_advantages(ds, roots)
         reject = env == "textcraft" if filter_zero_variance is None else filter_zero_variance
-        if is_zero_variance([d.scalar for d in ds]):
-            if reject:
-                return GroupCredit([], False)
-            ds = [dataclasses.replace(d, trainable=False) for d in ds]
+        if reject and is_zero_variance([d.scalar for d in ds]):
+            return GroupCredit([], False)
+        # Kept (TextWorld, recipes.md §1b): an all-equal group stays trainable, its zero advantages count in the
+        # token-mean denominator and it fills its rank's slot.
         return GroupCredit(ds, True)
     if stage == "delegation":
         if decode is None:

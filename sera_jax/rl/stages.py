@@ -97,6 +97,7 @@ class MethodConfig:
     scoring_temperature: float = 0.0
     max_rubric_tokens: int = 1024
     max_scoring_tokens: int = 1024
+    rubric_stage_max_scoring_tokens: int = 1024   # the RT stage's scoring cap (TextWorld recipes: 512)
     min_rubric_criteria: int = 2
     failure_policy: str = "drop_trajectory"
     # global
@@ -127,7 +128,10 @@ class MethodConfig:
             raise ValueError(f"rubric_baseline_scope must be 'task' or 'step', got {self.rubric_baseline_scope!r}")
         if self.max_counterfactual_envs_per_rollout < 1:
             raise ValueError("max_counterfactual_envs_per_rollout must be ≥ 1")
-        parse_schedule(self.stage_schedule)
+        if len(parse_schedule(self.stage_schedule)) > 1 and self.max_head_offpolicyness != 0:
+            raise ValueError(f"a multi-stage schedule ({self.stage_schedule}) needs max_head_offpolicyness = 0 "
+                             f"(got {self.max_head_offpolicyness}): a group's stage is the version that starts it "
+                             "(the reference's launcher refuses it too)")
 
     def uses(self, stage: str) -> bool:
         """Returns True when the schedule contains ``stage``."""

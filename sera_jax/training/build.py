@@ -27,10 +27,12 @@ from sera_jax.rl.optim import make_optimizer
 from sera_jax.sampling import EngineConfig
 from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.sampling.replicas import EngineReplicas
+from sera_jax.training.admission import max_groups_in_flight, per_rank_concurrency
 from sera_jax.training.checkpoint import Checkpointer, sha256_file
-from sera_jax.training.loop import DataStream, Loop, StepOutcome, make_meta
+from sera_jax.training.loop import Loop, StepOutcome, make_meta
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.step import make_train_step, shard_train_state
+from sera_jax.training.task_stream import TaskStream
 from sera_jax.warmstart.tokenizer import resolve_tokenizer
 
 GENERATED_TRAIN_TASKS = 4000
@@ -58,6 +60,14 @@ def load_env_tasks(cfg: RunConfig) -> tuple[list[Any], list[str]]:
     if not tasks:
         raise ValueError(f"env.task_set {cfg.env.task_set!r} with difficulties {cfg.env.difficulties} has no task")
     return tasks, files
+
+
+def task_stream(cfg: RunConfig, num_tasks: int) -> TaskStream:
+    """Returns the run's task order: one shard per admission rank (rollout.tasks_per_step), seeded by
+    train.data_seed (null = train.seed), reshuffled each pass unless train.reshuffle_each_epoch is false."""
+    t = cfg.train
+    return TaskStream(num_tasks, seed=t.seed if t.data_seed is None else t.data_seed, ranks=cfg.rollout.tasks_per_step,
+                      reshuffle=t.reshuffle_each_epoch)
 
 
 def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
@@ -90,6 +100,14 @@ def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
     return n
 
 
+def groups_in_flight(cfg: RunConfig) -> int:
+    """Returns the most task groups the run's admission can have running at once (sizes the engines)."""
+    r, method = cfg.rollout, cfg.method_config()
+    ranks = max(r.tasks_per_step, r.rubric_stage_tasks_per_step or 0)
+    return max_groups_in_flight(ranks, per_rank_concurrency(cfg.max_concurrent_rollouts(), r.tasks_per_step),
+                                method.max_head_offpolicyness, r.speculative_groups_per_rank)
+
+
 KV_FRACTION = 0.35         # of each device's memory for the policy engines' KV pools
 JUDGE_KV_FRACTION = 0.05   # of the first device's, taken from the above, for a policy_frozen judge's engine
 
@@ -99,7 +117,7 @@ def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fractio
     """Returns one engine's sizes: rows for its share (of ``engines``) of the in-flight agents of the groups in
     flight, a KV pool of at most ``kv_fraction`` of device memory."""
     r = cfg.rollout
-    groups = -(-r.groups_in_flight // engines)
+    groups = -(-groups_in_flight(cfg) // engines)
     rows = 1 << max(3, (groups * r.trees_per_task * 2 - 1).bit_length())
     rows = min(rows, 256)
     block = 16
@@ -193,7 +211,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
             # The initial policy's weights, never updated (the run's restore comes later and publishes only to
             # the policy engines): labels do not drift with training.
             judge_engine = frozen_policy_engine(
-                model_cfg, state.params, engine_config(cfg, sampler_dtype, cfg.rollout.groups_in_flight,
+                model_cfg, state.params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
                                                        JUDGE_KV_FRACTION), tokenizer, device=local[0])
         judge = make_judge(env, {"kind": "chat", "base_url": j.endpoint, "model": j.model} if j.kind == "openai"
                            else {"kind": "policy_frozen"}, generator=judge_engine, tokenizer=tokenizer)
@@ -215,11 +233,13 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     metrics = MetricsWriter(out_dir)
     data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
     loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
-                method=method, stream=DataStream(len(tasks), seed=cfg.train.seed), env=env,
+                method=method, stream=task_stream(cfg, len(tasks)), env=env,
                 decode=tokenizer.decode, mesh=mesh, tasks_per_step=cfg.rollout.tasks_per_step,
                 stage_tasks_per_step=({} if cfg.rollout.rubric_stage_tasks_per_step is None else
                                       {"rubric_generation": cfg.rollout.rubric_stage_tasks_per_step}),
-                groups_in_flight=cfg.rollout.groups_in_flight, token_budget=cfg.batch.token_budget,
+                concurrency=per_rank_concurrency(cfg.max_concurrent_rollouts(), cfg.rollout.tasks_per_step),
+                max_offpolicyness=method.max_head_offpolicyness,
+                speculative=cfg.rollout.speculative_groups_per_rank, token_budget=cfg.batch.token_budget,
                 buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
                 filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
                 metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,

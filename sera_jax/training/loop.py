@@ -1,14 +1,15 @@
 """The training loop: stage ← kernel(version); trees ← rollouts; datums ← credit; state ← train_step; publish.
 
-One policy version per optimizer step (spec §6.3, §7). For version v the stage kernel names the objective; up to
-``rollout.groups_in_flight`` task groups (each ``rollout.trees_per_task`` root trees of one task) run concurrently
-against the engine, and the first ``rollout.tasks_per_step`` *accepted* groups make the step (spec §5.6: rejected
-groups are replaced by the next task). In deterministic mode groups run and are accepted strictly in data order,
-so a resumed run reproduces the next step. A step with fewer trainable datums than data-parallel ranks, or with a
-non-finite loss, is skipped: the version does not advance and the same stage is sampled again.
+One policy version per optimizer step (spec §6.3, §7). For version v the stage kernel names the objective, and the
+step trains one accepted task group (``rollout.trees_per_task`` root trees of one task) per admission rank, as the
+reference's 8 ranks do: ``training/admission.py`` runs the groups under recipes.md §2's quota (a rejected group is
+replaced by the rank's next task; every accepted group is trained; staleness ≤ ``max_head_offpolicyness``, and a
+group the bound lets run across the update keeps generating while the trainer updates). A step with fewer trainable
+datums than ranks (recipes.md §2.7), or with a non-finite loss, is skipped: the version does not advance, its groups
+are discarded, and the same stage is sampled again.
 
 Everything the loop needs to continue is checkpointed with the state: version, skipped-step count, data order and
-cursor, the PRNG key, the model config and provenance (``sera_jax.training.checkpoint``).
+cursors (with the tasks of groups still running handed back, so none is lost), the PRNG key, the model config and provenance (``sera_jax.training.checkpoint``).
 
 Step metrics (``metrics.jsonl`` and TensorBoard ``step/<name>``): tree scalars and supervision spent
 (``sera_jax.training.stats``), advantages, the train step's own metrics, and wall time in seconds by phase:
@@ -52,6 +53,7 @@ from sera_jax.rl.baselines import (
 )
 from sera_jax.rl.batch import pack_datums
 from sera_jax.rl.stages import MethodConfig, position
+from sera_jax.training.admission import Admission
 from sera_jax.training.checkpoint import (
     Checkpointer,
     key_from_json,
@@ -61,44 +63,7 @@ from sera_jax.training.checkpoint import (
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.stats import tree_metrics
 from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches
-
-
-@dataclasses.dataclass
-class DataStream:
-    """Task order over epochs: a seeded permutation per epoch, consumed by a cursor (both checkpointed)."""
-
-    num_tasks: int
-    seed: int
-    epoch: int = 0
-    cursor: int = 0
-    order: list[int] = dataclasses.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.num_tasks <= 0:
-            raise ValueError("the task set is empty")
-        if not self.order:
-            self.order = self._permutation(self.epoch)
-
-    def _permutation(self, epoch: int) -> list[int]:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks).tolist()
-
-    def next(self) -> int:
-        """Returns the next task index, starting a freshly shuffled epoch when one is used up."""
-        if self.cursor >= len(self.order):
-            self.epoch += 1
-            self.cursor = 0
-            self.order = self._permutation(self.epoch)
-        idx = self.order[self.cursor]
-        self.cursor += 1
-        return idx
-
-    def to_json(self) -> dict[str, Any]:
-        return {"num_tasks": self.num_tasks, "seed": self.seed, "epoch": self.epoch, "cursor": self.cursor,
-                "order": self.order}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "DataStream":
-        return cls(**d)
+from sera_jax.training.task_stream import TaskStream
 
 
 class NoTrainableData(RuntimeError):
@@ -116,69 +81,16 @@ class StepOutcome:
     metrics: dict[str, Any]
 
 
-GroupRunner = Callable[[Any, str, int], "asyncio.Future"]
-
-
-async def collect_groups(stage: str, version: int, tasks: Sequence[Any], stream: DataStream,
-                         run_group: Callable[[Any, str, int], Any], credit: Callable[[str, list], GroupCredit], *,
-                         tasks_per_step: int, groups_in_flight: int, deterministic: bool,
-                         max_attempts: int) -> tuple[list[GroupCredit], dict[str, Any]]:
-    """Returns the accepted task groups of one step and collection statistics.
-
-    ``run_group(task, stage, version)`` runs one task's trees; ``credit(stage, trees)`` judges and advantages them.
-    At most ``max_attempts`` groups are tried (a bound on replacements, so an untrainable policy cannot loop
-    forever); in deterministic mode groups are accepted in data order, otherwise in completion order.
-    """
-    accepted: list[GroupCredit] = []
-    stats: dict[str, Any] = {"groups_started": 0, "groups_rejected": 0, "trees": 0, "tree_records": []}
-    in_flight: dict[asyncio.Task, int] = {}
-    window = tasks_per_step if deterministic else groups_in_flight
-
-    def launch() -> None:
-        idx = stream.next()
-        stats["groups_started"] += 1
-        in_flight[asyncio.ensure_future(run_group(tasks[idx], stage, version))] = stats["groups_started"]
-
-    try:
-        while len(accepted) < tasks_per_step:
-            while len(in_flight) < window and stats["groups_started"] < max_attempts:
-                launch()
-            if not in_flight:
-                break
-            if deterministic:
-                first = min(in_flight, key=in_flight.get)
-                await first
-                done = [first]
-            else:
-                done, _ = await asyncio.wait(list(in_flight), return_when=asyncio.FIRST_COMPLETED)
-                done = sorted(done, key=in_flight.get)
-            for fut in done:
-                in_flight.pop(fut)
-                trees = fut.result()
-                stats["trees"] += len(trees)
-                stats["tree_records"].extend(trees)
-                group = credit(stage, trees)
-                if group.accepted and len(accepted) < tasks_per_step:
-                    accepted.append(group)
-                else:
-                    stats["groups_rejected"] += int(not group.accepted)
-    finally:
-        for fut in in_flight:
-            fut.cancel()  # cancelling frees the engine blocks of their pending turns
-        if in_flight:
-            await asyncio.gather(*in_flight, return_exceptions=True)
-    return accepted, stats
-
-
-def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, num_ranks: int, token_budget: int,
+def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trainable: int, token_budget: int,
                 buckets: Sequence[int], row_multiple: int):
     """Returns (stacked micro-batches or None, info): depth-weighted trainable datums packed for ``train_step``;
-    None when the step must be skipped (fewer trainable datums than ``num_ranks``)."""
+    None when the step must be skipped (fewer than ``min_trainable`` trainable datums: the reference's 8 ranks,
+    recipes.md §2.7)."""
     datums = [d for g in groups for d in g.datums]
     trainable = [d for d in datums if d.trainable]
     info = {"datums": len(datums), "trainable_datums": len(trainable)}
-    if step_is_skipped(len(trainable), num_ranks):
-        return None, {**info, "reason": f"{len(trainable)} trainable datums < {num_ranks} ranks"}
+    if step_is_skipped(len(trainable), min_trainable):
+        return None, {**info, "reason": f"{len(trainable)} trainable datums < {min_trainable} (one per rank)"}
     if method.depth_level_weighting:
         trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma)
     packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets)
@@ -198,17 +110,19 @@ class Loop:
     run_group: Callable[[Any, str, int], Any]         # async: one task group's trees
     tasks: Sequence[Any]
     method: MethodConfig
-    stream: DataStream
+    stream: TaskStream
     env: EnvName
     decode: Callable[[list[int]], str]
     mesh: Any
     tasks_per_step: int = 8
     stage_tasks_per_step: dict[str, int] = dataclasses.field(default_factory=dict)  # per-stage overrides
-    groups_in_flight: int = 24
+    concurrency: int = 1                              # per rank (recipes.md §2.2 C)
+    max_offpolicyness: int = 0                        # versions a trained group may lag (§2.4, §2.5)
+    speculative: int = 0                              # extra groups per rank beyond the quota (admission.py)
     token_budget: int = 60_000
     buckets: Sequence[int] = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
     deterministic: bool = False
-    num_ranks: int | None = None
+    min_trainable: int | None = None                  # skip threshold; None = the stage's tasks_per_step
     filter_zero_variance: bool | None = None
     max_group_attempts: int | None = None
     version: int = 0
@@ -220,8 +134,16 @@ class Loop:
     trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
-    def _ranks(self) -> int:
-        return self.num_ranks if self.num_ranks is not None else (batch_axis_size(self.mesh) if self.mesh else 1)
+    _admission: Admission | None = dataclasses.field(default=None, init=False, repr=False)
+
+    @property
+    def admission(self) -> Admission:
+        """The rollout admission over the loop's current stream (rebuilt when a restore replaces the stream)."""
+        if self._admission is None or self._admission.stream is not self.stream:
+            self._admission = Admission(self.run_group, self._credit, self.tasks, self.stream,
+                                        concurrency=self.concurrency, max_offpolicyness=self.max_offpolicyness,
+                                        speculative=self.speculative)
+        return self._admission
 
     def _credit(self, stage: str, trees: list) -> GroupCredit:
         return task_group_credit(stage, trees, self.method, decode=self.decode, env=self.env,
@@ -234,11 +156,10 @@ class Loop:
         self._t_start = t0 = time.monotonic()
         trace = Trace()
         with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
-            groups, stats = await collect_groups(
-                pos.stage, self.version, self.tasks, self.stream, self.run_group, self._credit,
-                tasks_per_step=tasks_per_step, groups_in_flight=self.groups_in_flight,
-                deterministic=self.deterministic,
-                max_attempts=self.max_group_attempts or 4 * max(tasks_per_step, self.groups_in_flight))
+            admitted, stats = await self.admission.collect(
+                pos.stage, self.version, tasks_per_step,
+                max_attempts=self.max_group_attempts or 4 * tasks_per_step * (1 + self.speculative))
+        groups = [g.credit for g in admitted]
         t_end = time.monotonic()
         trees = stats.pop("tree_records")
         if pos.stage == "rubric_generation" and self.method.rubric_baseline_scope == "step":
@@ -253,10 +174,12 @@ class Loop:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
             write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}.jsonl")
         metrics.update(_reward_stats(groups))
+        metrics.update(token_staleness(groups, self.version))
         if len(groups) < tasks_per_step:
             return self._skip(pos.stage, metrics, f"only {len(groups)} usable task groups")
         t1 = time.perf_counter()
-        batch, info = build_batch(groups, self.method, num_ranks=self._ranks(), token_budget=self.token_budget,
+        min_trainable = self.min_trainable if self.min_trainable is not None else tasks_per_step
+        batch, info = build_batch(groups, self.method, min_trainable=min_trainable, token_budget=self.token_budget,
                                   buckets=self.buckets, row_multiple=batch_axis_size(self.mesh) if self.mesh else 1)
         metrics.update(info)
         if batch is None:
@@ -264,7 +187,12 @@ class Loop:
         batch = self.step_fn.place(batch)
         metrics["time/batch_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
-        self.state, step_metrics = self.step_fn(self.state, batch)
+        if stats["groups_carried"] and not self.deterministic:
+            # Groups the staleness bound lets run across the update keep generating meanwhile (the reference pauses
+            # them only for the weight push): the update runs off the event loop.
+            self.state, step_metrics = await asyncio.to_thread(self.step_fn, self.state, batch)
+        else:
+            self.state, step_metrics = self.step_fn(self.state, batch)
         step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         metrics.update(step_metrics)
         metrics["time/train_s"] = time.perf_counter() - t2
@@ -293,8 +221,13 @@ class Loop:
                                                          "skip_reason": outcome.reason})
 
     def host_state(self) -> dict[str, Any]:
-        """Returns the JSON record checkpointed beside the arrays."""
-        return {**self.meta, "skipped_steps": self.skipped_steps, "data": self.stream.to_json(),
+        """Returns the JSON record checkpointed beside the arrays; the tasks of groups still running are handed back
+        to the stream's record (a resumed run draws them first)."""
+        data = self.stream.to_json()
+        if self._admission is not None:
+            for r, idx in self._admission.pending().items():
+                data["requeued"][r % self.stream.ranks] = idx + data["requeued"][r % self.stream.ranks]
+        return {**self.meta, "skipped_steps": self.skipped_steps, "data": data,
                 "key": key_to_json(self.key) if self.key is not None else None}
 
     def save(self, force: bool = False) -> bool:
@@ -310,7 +243,7 @@ class Loop:
         self.state, meta = self.checkpointer.restore(self.state)
         self.version = int(meta["version"])
         self.skipped_steps = int(meta.get("skipped_steps", 0))
-        self.stream = DataStream.from_json(meta["data"])
+        self.stream = TaskStream.from_json(meta["data"])
         if meta.get("key") is not None:
             self.key = key_from_json(meta["key"])
         self.publish(self.state.params)
@@ -339,10 +272,22 @@ class Loop:
                         f"trainable batch (last: {outcome.reason}); start from a policy that can succeed "
                         "sometimes (a pretrained or warm-started checkpoint) or check the task set")
         finally:
+            if self._admission is not None:
+                await self._admission.close()  # running groups' tasks go back to the stream before the save
             self.save(force=True)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
         return outcomes
+
+
+def token_staleness(groups: Sequence[GroupCredit], version: int) -> dict[str, float]:
+    """Returns how many versions the step's trained tokens lag the version they train (recipes.md §2.4–2.5):
+    ``staleness_max`` (0 under max_head_offpolicyness = 0) and the token mean ``staleness_mean``."""
+    lags = [version - v for g in groups for d in g.datums if d.trainable
+            for v, m in zip(d.versions, d.mask) if m and v >= 0]
+    if not lags:
+        return {}
+    return {"staleness_max": float(max(lags)), "staleness_mean": float(np.mean(lags))}
 
 
 def _reward_stats(groups: Sequence[GroupCredit]) -> dict[str, float]:

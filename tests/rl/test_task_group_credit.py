@@ -34,9 +34,9 @@ def test_execution_group_advantages_and_zero_variance_rules():
     assert got[(1, "r")] == pytest.approx(-0.285714, abs=1e-6)
     flat = _exec_trees([1] * 8)
     assert task_group_credit("execution", flat, SERA).accepted is False          # TextCraft: rejected
-    tw = task_group_credit("execution", flat, SERA, env="textworld_sync")            # TextWorld: kept, not trained
-    assert tw.accepted and len(tw.datums) == 8 and not any(d.trainable for d in tw.datums)
-    assert apply_depth_weights(tw.datums) == []
+    tw = task_group_credit("execution", flat, SERA, env="textworld_sync")   # TextWorld: kept and trained (§1b)
+    assert tw.accepted and len(tw.datums) == 8 and all(d.trainable for d in tw.datums)
+    assert [d.scalar for d in apply_depth_weights(tw.datums)] == [0.0] * 8  # zero advantage, in the denominator
     # RAO: the sub-agent's env success (1.0 here), not its score
     rao = task_group_credit("execution", _exec_trees([1, 0], sub_score=0.7), method_config("RAO"))
     assert {d.node_id: d.scalar for d in rao.datums if d.rollout_index == 0} == {"r": 1.0, "s": 1.0}

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 (fake) d
 
 
 def test_a_step_runs_its_groups_on_two_engines_and_publishes_to_both(tmp_path):
-    cfg = load_config([CONFIG], ["model.init_from=null", "rollout.engines=2", "rollout.groups_in_flight=2", "rollout.tasks_per_step=2",
+    cfg = load_config([CONFIG], ["model.init_from=null", "rollout.engines=2", "rollout.tasks_per_step=2",
                                  "rollout.max_completion_tokens=32"])
 
     async def main():

@@ -14,57 +14,16 @@ from envs_py.textcraft import load_tasks
 from sera_jax.agents.runtime import run_trees
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
-from sera_jax.training.checkpoint import Checkpointer
-from sera_jax.training.metrics import MetricsWriter, read_metrics
 from sera_jax.model import Qwen3Config, init_params
 from sera_jax.model.tokenizer import load_tokenizer
-from sera_jax.rl.baselines import GroupCredit
 from sera_jax.rl.optim import OptimConfig, make_optimizer
 from sera_jax.rl.stages import method_config
-from sera_jax.training.loop import DataStream, Loop, collect_groups
+from sera_jax.training.checkpoint import Checkpointer
+from sera_jax.training.loop import Loop
+from sera_jax.training.metrics import MetricsWriter, read_metrics
 from sera_jax.training.step import init_train_state, make_train_step
+from sera_jax.training.task_stream import TaskStream
 from tests.model.tokenizer_fixtures import build_qwen_like_tokenizer
-
-
-def test_data_stream_is_seeded_and_resumable():
-    a = DataStream(10, seed=3)
-    first = [a.next() for _ in range(15)]
-    assert sorted(first[:10]) == list(range(10)) and a.epoch == 1
-    b = DataStream.from_json(a.to_json())
-    assert [a.next() for _ in range(7)] == [b.next() for _ in range(7)]
-    assert first[:10] != DataStream(10, seed=4).order
-
-
-def _fake(accept):
-    async def run_group(task, stage, version):
-        await asyncio.sleep(0.001 * (7 - task % 7))  # later tasks finish first
-        return [task]
-
-    def credit(stage, trees):
-        return GroupCredit(datums=list(trees), accepted=accept(trees[0]))
-    return run_group, credit
-
-
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_collect_groups_replaces_rejected_groups(deterministic):
-    run_group, credit = _fake(lambda t: t % 3 != 0)
-    stream = DataStream(30, seed=0)
-    groups, stats = asyncio.run(collect_groups("execution", 0, list(range(30)), stream, run_group, credit,
-                                               tasks_per_step=4, groups_in_flight=6, deterministic=deterministic,
-                                               max_attempts=100))
-    got = [g.datums[0] for g in groups]
-    assert len(got) == 4 and all(t % 3 != 0 for t in got)
-    if deterministic:  # accepted strictly in data order
-        assert got == [t for t in stream.order[:stats["groups_started"]] if t % 3 != 0][:4]
-    assert stats["groups_rejected"] >= 0 and stats["groups_started"] <= 100
-
-
-def test_collect_groups_is_bounded_for_an_untrainable_policy():
-    run_group, credit = _fake(lambda t: False)
-    groups, stats = asyncio.run(collect_groups("execution", 0, list(range(5)), DataStream(5, 0), run_group, credit,
-                                               tasks_per_step=2, groups_in_flight=3, deterministic=False,
-                                               max_attempts=9))
-    assert groups == [] and stats["groups_started"] == 9 and stats["groups_rejected"] == 9
 
 
 # ---------------------------------------------------------------------------------------------- real loop
@@ -105,9 +64,9 @@ def _loop(world, out_dir, *, every=1):
         return await run_trees([task_], "textcraft", gen, tok, settings, rollouts_per_task=4)
 
     return Loop(state=state, step_fn=make_train_step(cfg, tx), publish=lambda p: published.append(1) or 0,
-                run_group=run_group, tasks=[task, task], method=method_config("rao"), stream=DataStream(2, seed=5),
-                env="textcraft", decode=tok.decode, mesh=None, tasks_per_step=2, groups_in_flight=2,
-                token_budget=8192, buckets=(2048, 4096), deterministic=True, num_ranks=1,
+                run_group=run_group, tasks=[task, task], method=method_config("rao"), stream=TaskStream(2, seed=5, ranks=2),
+                env="textcraft", decode=tok.decode, mesh=None, tasks_per_step=2,
+                token_budget=8192, buckets=(2048, 4096), deterministic=True, min_trainable=1,
                 checkpointer=Checkpointer(out_dir / "ck", every=every), metrics=MetricsWriter(out_dir),
                 key=jax.random.key(9), trees_dir=out_dir / "trees")
 
@@ -124,7 +83,7 @@ def test_loop_trains_checkpoints_and_resumes_exactly(world, tmp_path):
     assert 0.0 < m["root_success"] < 1.0 and m["delegation_rate"] == 0.0 and m["nodes_per_tree"] == 1.0
     assert m["supervision/programmatic_labels"] == 0 and m["supervision/judge_calls"] == 0
     # Wall time by phase: 8 trees × 2 turns of ≥ 50 ms generation (the loop's trace reached every tree without being
-    # passed in); the 4 trees of a group run at once and the 2 groups may overlap (groups_in_flight=2), so the wall
+    # passed in); the 4 trees of a group run at once and the 2 groups may overlap (one per rank, 2 ranks), so the wall
     # time of generation is at least one tree's 2 turns and less than the busy sum; phases lie within the rollout;
     # the attempt covers all parts.
     assert m["time/generation_busy_s"] >= 8 * 2 * 0.05 and m["time/generation_s"] >= 2 * 0.05
@@ -156,9 +115,9 @@ def test_loop_trains_checkpoints_and_resumes_exactly(world, tmp_path):
 
 def test_untrainable_step_is_skipped_and_does_not_advance(world, tmp_path):
     loop = _loop(world, tmp_path)
-    loop.num_ranks = 10_000  # more ranks than trainable datums
+    loop.min_trainable = 10_000  # more than the trainable datums
     out = asyncio.run(loop.step())
-    assert out.skipped and "ranks" in out.reason and loop.version == 0 and loop.skipped_steps == 1
+    assert out.skipped and "one per rank" in out.reason and loop.version == 0 and loop.skipped_steps == 1
     for a, b in zip(jax.tree.leaves(loop.state.params), jax.tree.leaves(_loop(world, tmp_path / "x").state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -172,3 +131,38 @@ def test_a_stage_can_take_fewer_task_groups(world, tmp_path):
     assert not out.skipped and loop.version == 1 and out.metrics["groups_accepted"] == 1
     loop.stage_tasks_per_step = {"rubric_generation": 1}  # another stage's override leaves execution at 2
     assert asyncio.run(loop.step()).metrics["groups_accepted"] == 2
+
+
+@pytest.mark.parametrize("ofp", [pytest.param(0, marks=pytest.mark.slow), 3])
+def test_no_trained_token_is_older_than_the_staleness_bound(world, tmp_path, ofp):
+    # The sampler's version moves with every publish; with ofp = 3 (TextCraft RAO, one group per rank) each rank's
+    # next group starts before the update and generates through it, so its tokens lag by ≤ 1 version; with ofp = 0
+    # nothing runs across an update and no token lags.
+    loop = _loop(world, tmp_path)
+    published = [0]
+
+    class LiveVersion(ScriptedGenerator):
+        async def generate(self, prompt_ids, params, key=None):
+            self.policy_version = published[0]  # the weights the engine holds when this turn is sampled
+            return await super().generate(prompt_ids, params, key)
+
+    async def run_group(task_, stage, version):
+        gen = LiveVersion(loop.tokenizer_, script, latency_s=0.02)
+        return await run_trees([task_], "textcraft", gen, loop.tokenizer_, RuntimeSettings.for_env(
+            "textcraft", deterministic=True, seed=1), rollouts_per_task=4)
+
+    def publish(params):
+        published[0] += 1
+        return published[0]
+
+    loop.tokenizer_ = world[0]
+    loop.run_group, loop.publish = run_group, publish
+    loop.max_offpolicyness, loop.deterministic = ofp, False
+    outs = asyncio.run(loop.run(2))
+    assert [o.skipped for o in outs] == [False] * 2
+    lags = [o.metrics.get("staleness_max", 0.0) for o in outs]
+    assert all(0 <= lag <= min(ofp, 1) for lag in lags)
+    if ofp:
+        assert max(lags) == 1 and all(o.metrics["groups_carried"] == 2 for o in outs)
+    else:
+        assert all(o.metrics["groups_carried"] == 0 for o in outs)
