@@ -25,9 +25,13 @@ from typing import Any
 import jax
 
 from sera_jax.agents.keys import turn_key
+from sera_jax.agents.phases import (  # Trace re-exported: callers import it from here
+    Trace,
+    current_trace,
+    span,
+)
 from sera_jax.agents.records import DelegationPoint, Node, Tree, Turn
 from sera_jax.agents.settings import RuntimeSettings
-from sera_jax.agents.phases import Trace, current_trace, span  # Trace re-exported: callers import it from here
 from sera_jax.agents.truncation import Prompt, build_prompt, continue_prompt
 from sera_jax.sampling.types import Generator
 

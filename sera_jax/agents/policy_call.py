@@ -24,13 +24,22 @@ import jax
 
 from sera_jax.agents.harness import CURRENT_TURN, TurnInfo
 from sera_jax.agents.keys import turn_key
-from sera_jax.agents.records import Turn
 from sera_jax.agents.phases import SIDE_CALL_KINDS, span
+from sera_jax.agents.records import Turn
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.sampling.types import SamplingParams
 
-# Rubric and scoring prompts may use 9600 + 512 − 1024 tokens (spec §3.5).
-RUBRIC_PROMPT_BUDGET = 9088
+
+def side_call_prompt_budget(agent_prompt_tokens: int, agent_completion_tokens: int, call_tokens: int) -> int:
+    """Returns a side call's prompt cap, at least 1: the agents' prompt cap + their completion cap − the call's own
+    completion cap (recipes.md §1c, the reference's policy client). TextCraft 9,600 + 512 − 1,024 = 9,088;
+    TextWorld 10,240 + 3,072 − 1,024 = 12,288 (rubric writing, execution-stage scoring) and − 512 = 12,800
+    (rubric-generation-stage scoring)."""
+    return max(1, agent_prompt_tokens + agent_completion_tokens - call_tokens)
+
+
+# TextCraft's rubric and scoring calls (1,024 tokens each): the default of a CallSpec built without a run's caps.
+RUBRIC_PROMPT_BUDGET = side_call_prompt_budget(9600, 512, 1024)
 
 
 @dataclasses.dataclass(frozen=True)

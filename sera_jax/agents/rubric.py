@@ -18,6 +18,7 @@ from typing import Any, Sequence
 CONTEXT_CHAR_LIMIT = 12_000
 TRUNCATION_MARK = "\n\n[... middle of parent trajectory truncated ...]\n\n"
 CHILD_TOOLS_TEXT = "get_info, view_inventory, craft, finish, launch_subagent"
+TEXTWORLD_CHILD_TOOLS_TEXT = "TextWorld environment actions, inventory lookup, finish, and launch_subagent"
 MAX_RUBRIC_ITEMS_ASKED = 8
 
 RUBRIC_SYSTEM = (

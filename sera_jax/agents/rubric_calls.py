@@ -2,6 +2,14 @@
 prompt building and parsing: what the rubric writer is shown at a delegation, how a finished child is shown to the
 scorer, and the two policy calls with their settings.
 
+What the rubric writer sees per stage (recipes.md §3): the same parent reply in every stage (the launch request's
+``parent_action``, the whole raw reply); the child tools string of the environment in the execution stage and in
+test-time selection, but always TextCraft's in the rubric-generation stage (a reference quirk, kept); the child
+budget the delegation asked for (``ChildSpec.budget_shown``).
+
+Each call's prompt cap follows the reference's policy client: the run's agent prompt cap + agent completion cap −
+the call's own completion cap (``policy_call.side_call_prompt_budget``), further cut to fit the serving context.
+
 Nothing here reaches an agent's conversation: rubric and score live only in records (spec §12.1).
 """
 
@@ -12,14 +20,15 @@ from typing import Any
 
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.policy_call import (
-    RUBRIC_PROMPT_BUDGET,
     CallResult,
     CallSpec,
     policy_call,
+    side_call_prompt_budget,
 )
 from sera_jax.agents.records import Node
 from sera_jax.agents.rubric import (
     CHILD_TOOLS_TEXT,
+    TEXTWORLD_CHILD_TOOLS_TEXT,
     RubricContext,
     Score,
     child_trajectory_view,
@@ -30,11 +39,18 @@ from sera_jax.agents.rubric import (
 )
 
 FAILURE_POLICIES = ("drop_trajectory", "skip_rollout", "fallback_binary")
+# Where a rubric is written: at the launch (execution stage), after the fork group (rubric-generation stage), or
+# before choosing among candidates (test-time selection in evaluation).
+RUBRIC_STAGES = ("execution", "rubric_generation", "evaluation")
 
 
 @dataclasses.dataclass(frozen=True)
 class RubricConfig:
-    """Settings of the rubric calls (spec §8 ``rubric_subagent_reward`` / ``rubric_generation_ranking``)."""
+    """Settings of the rubric calls (spec §8 ``rubric_subagent_reward`` / ``rubric_generation_ranking``).
+
+    ``agent_prompt_tokens`` / ``agent_completion_tokens`` are the run's agent caps (``RuntimeSettings``
+    ``max_prompt_tokens`` / ``max_new_tokens``; ``run_limits`` reads them): each call's prompt cap derives from them
+    and its own completion cap. The defaults are TextCraft's training caps."""
 
     rubric_temperature: float = 1.0
     scoring_temperature: float = 0.0
@@ -42,7 +58,8 @@ class RubricConfig:
     max_scoring_tokens: int = 1024
     min_items: int = 2
     failure_policy: str = "drop_trajectory"
-    prompt_budget: int = RUBRIC_PROMPT_BUDGET
+    agent_prompt_tokens: int = 9600
+    agent_completion_tokens: int = 512
     max_context: int | None = None   # the serving engine's context: a call's prompt is cut to fit it with its cap
 
     def __post_init__(self) -> None:
@@ -67,10 +84,15 @@ class RubricConfig:
     def scoring_spec(self, max_tokens: int | None = None) -> CallSpec:
         return self._spec(self.scoring_temperature, max_tokens or self.max_scoring_tokens)
 
+    def prompt_budget(self, max_tokens: int) -> int:
+        """Returns the prompt cap of a call whose completion cap is ``max_tokens`` (see the module docstring), before
+        the serving-context cut."""
+        return side_call_prompt_budget(self.agent_prompt_tokens, self.agent_completion_tokens, max_tokens)
+
     def _spec(self, temperature: float, max_tokens: int) -> CallSpec:
         """The call's settings; with ``max_context`` the prompt budget shrinks so that prompt + completion cap fit
         the engine (a 9,088-token budget on a 1,024-token tiny engine made every long scoring prompt an error)."""
-        budget = self.prompt_budget
+        budget = self.prompt_budget(max_tokens)
         if self.max_context is not None:
             budget = min(budget, self.max_context - max_tokens)
             if budget < 1:
@@ -79,10 +101,22 @@ class RubricConfig:
         return CallSpec(temperature, max_tokens, budget, self.max_context)
 
 
-def child_tools(env: EnvName) -> str:
-    """Returns the child-tools text of the rubric prompt (the TextCraft list; the reference also shows it for
-    TextWorld in the ranking stage, so TextWorld's own action kinds are used only in the execution stage)."""
-    return CHILD_TOOLS_TEXT if env == "textcraft" else "action, inventory, delegate, finish"
+def run_limits(settings: Any) -> dict[str, int]:
+    """Returns the RubricConfig fields a run's ``RuntimeSettings`` fixes: the agent prompt and completion caps (every
+    side call's prompt cap derives from them) and the serving context."""
+    return {"agent_prompt_tokens": int(settings.max_prompt_tokens),
+            "agent_completion_tokens": int(settings.max_new_tokens), "max_context": int(settings.max_context)}
+
+
+def child_tools(env: EnvName, stage: str) -> str:
+    """Returns the child-tools text of the rubric prompt: the environment's own tools in the execution stage and in
+    test-time selection; the TextCraft list in the rubric-generation stage whatever the environment (the reference's
+    ranking stage shows it for TextWorld too)."""
+    if stage not in RUBRIC_STAGES:
+        raise ValueError(f"unknown rubric stage {stage!r}; expected one of {RUBRIC_STAGES}")
+    if env == "textcraft" or stage == "rubric_generation":
+        return CHILD_TOOLS_TEXT
+    return TEXTWORLD_CHILD_TOOLS_TEXT
 
 
 def node_view(node: Node) -> dict[str, Any]:
@@ -109,10 +143,11 @@ async def observable_state(env: Any) -> dict[str, Any]:
 
 
 def rubric_context(parent: Node, messages: list[dict], action: str, state: dict, child_goal: str, *, env: EnvName,
-                   child_budget: int, metadata: dict[str, Any]) -> RubricContext:
-    """Returns the rubric writer's inputs at one delegation point."""
+                   stage: str, child_budget: int, metadata: dict[str, Any]) -> RubricContext:
+    """Returns the rubric writer's inputs at one delegation point in ``stage`` (one of RUBRIC_STAGES); ``action`` is
+    the parent's whole raw reply (``LaunchRequest.parent_action``) in every stage."""
     return RubricContext(parent_goal=parent.goal, metadata=metadata, parent_messages=messages, parent_action=action,
-                         environment_state=state, child_goal=child_goal, child_tools=child_tools(env),
+                         environment_state=state, child_goal=child_goal, child_tools=child_tools(env, stage),
                          child_budget=child_budget)
 
 

@@ -10,12 +10,22 @@ share ``fork_step`` and run concurrently on the shared inventory.
 
 from __future__ import annotations
 
-from envs_py.textcraft.cells import clean_output, is_stuck, observation_text, parse_reply, subagent_result_text
-from sera_jax.agents.textcraft_prompt import assistant_message, system_prompt, task_message
+from envs_py.textcraft.cells import (
+    clean_output,
+    is_stuck,
+    observation_text,
+    parse_reply,
+    subagent_result_text,
+)
 from sera_jax.agents.harness import Episode, TreeRun, run_episode
 from sera_jax.agents.launchers.base import ChildSpec, LaunchRequest, child_result
 from sera_jax.agents.records import DelegationPoint, Node, Turn
 from sera_jax.agents.settings import EXHAUSTED_MESSAGE, STUCK_MESSAGE
+from sera_jax.agents.textcraft_prompt import (
+    assistant_message,
+    system_prompt,
+    task_message,
+)
 
 CONTEXT_SEP = "\n\nContext provided from parent agent: "
 
@@ -23,6 +33,12 @@ CONTEXT_SEP = "\n\nContext provided from parent agent: "
 def task_string(goal: str, max_steps: int) -> str:
     """Returns an agent's task string: its goal and its budget line (spec §1.1)."""
     return f"Your Goal: {goal}\nBudget: You have a total budget of {max_steps} steps to complete this task."
+
+
+def raw_reply(text: str) -> str:
+    """Returns a reply as the rubric writer sees it (the reference's raw action): the whole completion text, the
+    ``<thought>`` and ``<python>`` blocks both, with ``</python>`` appended when the stop string did not end it."""
+    return text if "</python>" in text else text + "</python>"
 
 
 def refusal_text(goal: str, depth: int, max_depth: int) -> str:
@@ -40,7 +56,7 @@ class CodeActEpisode(Episode):
     def __init__(self, run: TreeRun, node: Node, env):
         super().__init__(run, node)
         self.env = env
-        self._code = ""  # the cell being run (the delegating action, for launchers)
+        self._reply = ""  # the raw reply whose cell is running (the delegating action, for launchers)
 
     async def start(self) -> None:
         if self.node.parent_id is None:
@@ -63,18 +79,19 @@ class CodeActEpisode(Episode):
         turn = Turn(index=len(self.node.turns), prompt_ids=[], completion_ids=[], logprobs=[],
                     policy_version=self.run.settings.policy_version, completion_id=None, code=code,
                     misc={"synthetic": "loop_breaker"})
+        self._reply = code  # a synthetic turn has no reply (and its finish cell cannot launch)
         await self._run_cell(turn, code)
         self.node.turns.append(turn)
 
     async def act(self, turn: Turn, text: str) -> None:
         thought, code = parse_reply(text)
         turn.thought, turn.code = thought, code
+        self._reply = raw_reply(text)
         await self._run_cell(turn, code)  # launchers see the conversation before this action, as in TextWorld
         self.messages.append({"role": "assistant", "content": assistant_message(thought, code)})
         self.messages.append({"role": "user", "content": observation_text(turn.index + 1, turn.output, turn.error)})
 
     async def _run_cell(self, turn: Turn, code: str) -> None:
-        self._code = code
         self.run.event("env_start", node=self.node.id, turn=turn.index)
         try:
             r = await self.env.run_cell(self.node.id, code, self._launch)
@@ -118,7 +135,7 @@ class CodeActEpisode(Episode):
         dp = run.record_delegation(DelegationPoint(parent.id, fork_step, [spec.child_id], [goal], context))
         async with run.sibling_order(parent.id):
             request = LaunchRequest(run=run, parent=parent, fork_step=fork_step, specs=[spec],
-                                    parent_messages=[dict(m) for m in self.messages], parent_action=self._code,
+                                    parent_messages=[dict(m) for m in self.messages], parent_action=self._reply,
                                     env=self.env, start_child=self._start_child)
             outcome = await run.launcher.launch(request)
         dp.kind = outcome.kind

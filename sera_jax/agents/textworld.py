@@ -109,8 +109,10 @@ class TextWorldEpisode(Episode):
             run.record_delegation(DelegationPoint(node.id, turn.index, [], goals, "", "refused", text))
             return text
         specs = [ChildSpec(M.child_agent_id(node.id, turn.index, k), d.goal, node.depth + 1,
-                           min(int(d.max_steps), s.max_steps)) for k, d in enumerate(reply.delegations)]
+                           min(int(d.max_steps), s.max_steps), requested_steps=int(d.max_steps))
+                 for k, d in enumerate(reply.delegations)]
         dp = run.record_delegation(DelegationPoint(node.id, turn.index, [c.child_id for c in specs], goals))
+        # The whole raw reply (free text and the delegate block) is the parent action every rubric writer sees.
         request = LaunchRequest(run=run, parent=node, fork_step=turn.index, specs=specs,
                                 parent_messages=[dict(m) for m in self.messages], parent_action=self._reply_text,
                                 env=self.env, start_child=self._start_child)

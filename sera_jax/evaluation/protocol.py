@@ -147,7 +147,7 @@ async def run_task(task: Any, env: EnvName, generator: Any, tokenizer: Any, sett
     """Runs one task's tree, again up to ``retries`` times while it fails; returns (Outcome, a record of the
     attempts {task_id, difficulty, game, attempts, errors, success, stats of the last attempt's tree}, every
     attempt's Tree)."""
-    factory = make_launcher_factory("evaluation", None, env, selection=selection)
+    factory = make_launcher_factory("evaluation", None, env, selection=selection, settings=settings)
     trees: list[Tree] = []
     errors: list[str] = []
     task_id, difficulty = str(task.task_id), str(getattr(task, "difficulty", ""))
@@ -233,7 +233,10 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     if wrap_generator is not None:
         generator = wrap_generator(generator)
     env = cfg.env.name
-    selection = {"n": e.best_of_n, "fork_budget": e.fork_budget} if e.best_of_n > 1 else None
+    # Test-time selection's rubric and scoring caps: the method section's when set (the tiny default's fit its
+    # 1,024-token context), else the selector's own (1,024 / 512, recipes.md §4).
+    caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
+    selection = {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
     tables, by_game, finals, records, times = [], [], [], [], []
     trees_path = out_dir / "trees.jsonl"

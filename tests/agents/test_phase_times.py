@@ -14,10 +14,17 @@ from envs_py.workers import WorkerPool
 from sera_jax.agents.envs import RUNTIME_FACTORIES
 from sera_jax.agents.judge import PolicyJudge
 from sera_jax.agents.launchers.factory import make_launcher_factory
+from sera_jax.agents.phases import (
+    Trace,
+    phase_intervals,
+    phase_times,
+    subtract,
+    tracing,
+    union,
+)
 from sera_jax.agents.runtime import run_tree, run_trees
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
-from sera_jax.agents.phases import Trace, phase_intervals, phase_times, subtract, tracing, union
 from sera_jax.rl.stages import method_config
 from sera_jax.training.stats import tree_metrics
 from tests.agents.rubric_scripts import TW_ROOT, rubric_text, score_text

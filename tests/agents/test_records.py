@@ -9,8 +9,18 @@ import math
 import pytest
 
 from sera_jax.agents.records import (
-    Branch, DelegationPoint, ForkGroup, Node, RubricScore, Tree, TreeIndex, Turn, dumps_tree, loads_tree,
-    read_jsonl, write_jsonl,
+    Branch,
+    DelegationPoint,
+    ForkGroup,
+    Node,
+    RubricScore,
+    Tree,
+    TreeIndex,
+    Turn,
+    dumps_tree,
+    loads_tree,
+    read_jsonl,
+    write_jsonl,
 )
 
 

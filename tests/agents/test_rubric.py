@@ -4,9 +4,17 @@ import json
 
 import pytest
 
-from sera_jax.agents.rubric import (RubricContext, extract_json_object, parent_context_block, parse_rubric,
-                                    parse_score, rubric_request, score_request, truncate_context,
-                                    validate_rubric)
+from sera_jax.agents.rubric import (
+    RubricContext,
+    extract_json_object,
+    parent_context_block,
+    parse_rubric,
+    parse_score,
+    rubric_request,
+    score_request,
+    truncate_context,
+    validate_rubric,
+)
 
 
 def test_truncation_vector():

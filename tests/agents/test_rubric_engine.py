@@ -24,7 +24,8 @@ from sera_jax.sampling.engine_config import EngineConfig
 from tests.agents.rubric_scripts import TC_ROOT, TW_ROOT
 
 SERA = method_config("SERA")
-SMALL = dict(max_rubric_tokens=16, max_scoring_tokens=16, prompt_budget=1500)  # CPU-sized calls
+SMALL = dict(max_rubric_tokens=16, max_scoring_tokens=16,  # CPU-sized calls: prompt cap 1,500 + 16 − 16
+             agent_prompt_tokens=1500, agent_completion_tokens=16)
 
 
 @pytest.fixture(scope="module")

@@ -133,8 +133,8 @@ def test_exhausting_sabotage_runs_out_of_steps_and_is_scored_zero(cfg, tok):
 
 def test_fork_demos_rubric_prompt_and_branch_scores(cfg, tok):
     """Demo trees played as in the rubric-generation stage: each fork group gets the oracle's rubric for the
-    post-hoc prompt (which shows the parent's whole reply, thought and tags included — unlike the execution stage's
-    code-only prompt) and each branch the score of its own outcome (sabotaged branches fail and are scored 0)."""
+    post-hoc prompt (which shows the parent's whole reply, thought and tags included, as the execution stage's
+    does) and each branch the score of its own outcome (sabotaged branches fail and are scored 0)."""
     from sera_jax.warmstart.oracle import scored_node
     from sera_jax.warmstart.demos import collect_demos
 
@@ -157,8 +157,7 @@ def test_fork_demos_rubric_prompt_and_branch_scores(cfg, tok):
     assert stats["demo_trees"] == 3 and stats["fork_demo_trees"] == 2 and stats["fork_groups"] >= 1
     rubric_prompts = [tok.decode([t for t, m in zip(d.tokens, d.mask) if not m]) for d in datums
                       if d.objective == "rubric_generation"]
-    assert any("[Delegation]\n<thought>" in p for p in rubric_prompts)        # fork-stage rubric prompts
-    assert any("[Delegation]\n<thought>" not in p for p in rubric_prompts)    # execution-stage ones
+    assert rubric_prompts and all("[Delegation]\n<thought>" in p for p in rubric_prompts)  # both stages: whole reply
 
 
 def test_demo_datums_train_exactly_the_completions(cfg, tok):

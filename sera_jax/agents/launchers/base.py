@@ -2,10 +2,11 @@
 
 The environment code (``codeact.py``, ``textworld.py``) validates the request, refuses it at the depth limit, names
 the children and then hands a ``LaunchRequest`` to ``TreeRun.launcher.launch``. The request carries everything a
-strategy needs: the parent node, its step (``fork_step``), its conversation so far and the action that delegated, the
-children's specs, the tree's env handle (``fork`` / ``commit`` for branches) and ``start_child(spec, env=None,
-gate=None)``, which creates one child on the given env (default: the shared world) and runs its whole episode
-(inside a ``Lockstep`` group when a gate is given).
+strategy needs: the parent node, its step (``fork_step``), its conversation so far and the whole raw reply that
+delegated (``parent_action``: what every rubric writer is shown, in every stage), the children's specs, the tree's
+env handle (``fork`` / ``commit`` for branches) and ``start_child(spec, env=None, gate=None)``, which creates one
+child on the given env (default: the shared world) and runs its whole episode (inside a ``Lockstep`` group when a
+gate is given).
 
 ``DefaultLauncher`` (spec §1.4 "default") runs the children concurrently on the shared world — in deterministic
 mode a group launched together runs in lockstep ticks — and returns them. Strategies of the next stages plug in
@@ -28,7 +29,8 @@ from sera_jax.agents.records import Node
 @dataclasses.dataclass(frozen=True)
 class ChildSpec:
     """One requested child: id (= node path), goal text, depth, own turn budget, and env-specific extras
-    (TextCraft: ``targets``; the parent's ``context`` string)."""
+    (TextCraft: ``targets``; the parent's ``context`` string; TextWorld: ``requested_steps``, the delegate's own
+    ``max_steps`` before the cap, which the rubric writer is shown as the child's budget)."""
 
     child_id: str
     goal: str
@@ -36,6 +38,12 @@ class ChildSpec:
     max_steps: int
     targets: dict[str, int] | None = None
     context: str = ""
+    requested_steps: int | None = None
+
+    def budget_shown(self) -> int:
+        """Returns the child budget the rubric writer sees: the delegate's requested ``max_steps`` when the
+        delegation named one (TextWorld), else the child's turn budget (TextCraft: 20)."""
+        return self.max_steps if self.requested_steps is None else self.requested_steps
 
 
 @dataclasses.dataclass
@@ -47,7 +55,8 @@ class LaunchRequest:
     fork_step: int
     specs: list[ChildSpec]
     parent_messages: list[dict]   # the parent's conversation before this turn's action (system, task, history)
-    parent_action: str            # the code cell / reply text that delegated
+    parent_action: str            # the whole raw reply that delegated (TextCraft: thought + code, ``</python>``
+                                  # appended when missing; TextWorld: the reply text, delegate block included)
     env: Any                      # the tree's env handle (TextCraftTreeEnv / TextWorld env)
     start_child: Callable[..., Awaitable[Node]]   # start_child(spec, env=None, gate=None) -> the finished child
     misc: dict[str, Any] = dataclasses.field(default_factory=dict)

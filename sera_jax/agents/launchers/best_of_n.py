@@ -109,7 +109,7 @@ class BestOfNSelector:
         run, parent, cfg = req.run, req.parent, self.config
         state = await observable_state(req.env)
         ctx = rubric_context(parent, req.parent_messages, req.parent_action, state, spec.goal, env=self.env,
-                             child_budget=spec.max_steps,
+                             stage="evaluation", child_budget=spec.budget_shown(),
                              metadata={"parent_trajectory_id": parent.id, "parent_depth": parent.depth,
                                        "child_depth": spec.depth, "fork_step": req.fork_step})
         _, rubric, rerr = await write_rubric(run, ctx, self.rubric_spec, f"rubric:{spec.child_id}",

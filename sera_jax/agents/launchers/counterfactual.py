@@ -17,11 +17,17 @@ id, depth, reward, label, initial/final state, messages, selected) and the branc
 ``fork_group_id`` / ``branch_index``.
 
 After the tree has finished, ``finalize(tree)`` writes, per *complete* group, a fresh rubric (policy call at
-temperature 1.0, 1,024 tokens, from the parent's stored pre-delegation messages, its decoded completion with
-special tokens kept, branch 0's initial state and the fork-group metadata; recorded as ``ForkGroup.rubric_turn``,
-which ``rl.datums.rubric_datums`` trains) and 8 scoring calls at temperature 0 (``score_turns``, never trained;
-``Branch.score``). An invalid rubric skips the group; an invalid score leaves that branch's score None (it is left
-out of the ranking).
+temperature 1.0, 1,024 tokens, from the parent's stored pre-delegation messages, its whole raw delegating reply,
+branch 0's initial state, the TextCraft tool list whatever the environment, the budget the delegation asked for and
+the fork-group metadata; recorded as ``ForkGroup.rubric_turn``, which ``rl.datums.rubric_datums`` trains) and 8
+scoring calls at temperature 0 (``score_turns``, never trained; ``Branch.score``). An invalid rubric skips the
+group; an invalid score leaves that branch's score None (it is left out of the ranking).
+
+The parent reply shown is the launch request's ``parent_action``, kept in the tree record at the launch: the same
+text the execution stage's rubric writer sees (TextCraft thought + code, ``</python>`` appended when missing;
+TextWorld the whole reply). Departure: the reference decodes the parent's completion tokens with special tokens kept
+here, so its text can also end in a special token (e.g. ``<|im_end|>`` where a TextCraft reply stopped without
+``</python>``); we show the reply text without special tokens in both stages.
 
 Depth: the runtime refuses a launch beyond the depth limit before any launcher runs, with the default launcher's
 refusal text (the reference's collector words it differently); no group is reserved for a refused launch.
@@ -124,9 +130,9 @@ class CounterfactualCollector:
                           goal=spec.goal, num_branches=self.branches)
         tree.fork_groups.append(group)  # registered now so nested groups number after it
         # What the post-hoc rubric needs beyond the nodes, kept in the record so a group can be ranked (again) from
-        # the JSONL alone: the parent's messages before the delegating action, the action text, the child's budget.
+        # the JSONL alone: the parent's messages before the delegating reply, that whole reply, the child's budget.
         tree.misc.setdefault(INPUTS_KEY, {})[gid] = {"messages": [dict(m) for m in req.parent_messages],
-                                                      "action": req.parent_action, "budget": spec.max_steps}
+                                                      "action": req.parent_action, "budget": spec.budget_shown()}
         snapshot = await observable_state(req.env)
         worlds = [await req.env.fork() for _ in range(self.branches)]
 
@@ -212,11 +218,9 @@ async def rank_fork_groups(tree: Tree, run: Any, config: RubricConfig) -> dict:
 
 async def _rank_group(run: Any, cfg: RubricConfig, tree: Tree, g: ForkGroup, inputs: dict) -> dict:
     parent = tree.nodes[g.parent_id]
-    turn = parent.turns[g.fork_step] if g.fork_step < len(parent.turns) else None
-    # The reference shows the decoded completion (special tokens kept) here; the launch-time text is a fallback.
-    action = turn.completion_text if turn is not None and turn.completion_text else inputs["action"]
-    ctx = rubric_context(parent, inputs["messages"], action, g.branches[0].initial_state or {}, g.goal,
-                         env="textcraft", child_budget=int(inputs["budget"]),  # TextCraft tool names: reference quirk
+    # The launch-time reply, as the execution stage shows it (module docstring: the special-token departure).
+    ctx = rubric_context(parent, inputs["messages"], inputs["action"], g.branches[0].initial_state or {}, g.goal,
+                         env=run.settings.env, stage="rubric_generation", child_budget=int(inputs["budget"]),
                          metadata={"fork_group_id": g.id, "parent_trajectory_id": parent.id,
                                    "parent_depth": parent.depth, "child_depth": g.child_depth,
                                    "fork_step": g.fork_step, "branch_index": 0})

@@ -3,13 +3,15 @@
 How train.py uses it for one policy version::
 
     stage = stage_for_version(v, method.stage_schedule)
-    factory = make_launcher_factory(stage, method, env, judge=judge)      # judge: TextWorld rubric stage only
+    factory = make_launcher_factory(stage, method, env, judge=judge,      # judge: TextWorld rubric stage only
+                                    settings=settings)                    # the side calls' caps follow the run's
     trees = await run_trees(tasks, env, engine, tok, settings, rollouts_per_task=8, launcher_factory=factory, ...)
     trees = await factory.finalize(trees)    # awaits background scores / writes fresh rubrics + branch scores
     trees = usable_trees(trees)              # drops rollouts marked by the skip_rollout failure policy
     credit = task_group_credit(stage, trees_of_one_task, method, decode=tok.decode, env=...)
 
-and evaluate.py, for test-time selection: ``make_launcher_factory("evaluation", method, env, selection={"n": 2})``.
+and evaluate.py, for test-time selection: ``make_launcher_factory("evaluation", method, env, selection={"n": 2},
+settings=settings)``.
 
 | stage / mode                          | launcher                  |
 |---------------------------------------|---------------------------|
@@ -31,7 +33,7 @@ from sera_jax.agents.launchers.best_of_n import BestOfNSelector
 from sera_jax.agents.launchers.counterfactual import CounterfactualCollector
 from sera_jax.agents.launchers.rubric import RubricCoordinator, usable_trees
 from sera_jax.agents.records import Tree
-from sera_jax.agents.rubric_calls import RubricConfig
+from sera_jax.agents.rubric_calls import RubricConfig, run_limits
 
 __all__ = ["LauncherFactory", "make_launcher_factory", "usable_trees"]
 
@@ -60,11 +62,15 @@ class LauncherFactory:
 
 
 def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any = None,
-                          selection: dict | None = None, **rubric_overrides: Any) -> LauncherFactory:
+                          selection: dict | None = None, settings: Any = None,
+                          **rubric_overrides: Any) -> LauncherFactory:
     """Returns the LauncherFactory for ``stage`` ("execution" | "delegation" | "rubric_generation" |
     "evaluation") under ``method`` (an ``rl.stages.MethodConfig``). ``judge`` labels TextWorld branches in the
     rubric-generation stage (TextCraft labels are programmatic); ``selection`` (e.g. ``{"n": 2, "fork_budget": 32}``)
-    turns on test-time selection in evaluation."""
+    turns on test-time selection in evaluation. ``settings`` (the run's ``RuntimeSettings``) sets the rubric and
+    scoring calls' caps: agent prompt cap + agent completion cap − the call's own cap, cut to the serving context
+    (without it: TextCraft's training caps and no context cut); ``rubric_overrides`` (RubricConfig fields) win."""
+    rubric_overrides = {**(run_limits(settings) if settings is not None else {}), **rubric_overrides}
     if stage == "execution":
         if method.execution_reward == "rubric":
             cfg = RubricConfig.from_method(method, **rubric_overrides)
@@ -77,13 +83,17 @@ def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any =
             if env != "textcraft":
                 raise ValueError("the TextWorld rubric-generation stage needs a judge (judge.make_judge)")
             judge = ProgrammaticJudge()
-        cfg = RubricConfig.from_method(method, **rubric_overrides)
+        # The post-hoc scoring calls have their own cap (TextWorld's recipes 512, TextCraft's launchers 1,024).
+        cfg = RubricConfig.from_method(method, **{"max_scoring_tokens": method.rubric_stage_max_scoring_tokens,
+                                                  **rubric_overrides})
         return LauncherFactory(lambda: CounterfactualCollector(
             env, judge, cfg, branches=method.branching_factor,
             max_envs=method.max_counterfactual_envs_per_rollout), "counterfactual")
     if stage == "evaluation":
         if selection:
             opts = dict(selection)
+            if rubric_overrides and "config" not in opts:
+                opts["config"] = RubricConfig(**rubric_overrides)
             return LauncherFactory(lambda: BestOfNSelector(env, **opts), "best_of_n")
         return LauncherFactory(DefaultLauncher, "default")
     raise ValueError(f"unknown stage {stage!r}")

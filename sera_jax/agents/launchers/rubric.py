@@ -14,9 +14,10 @@ An invalid rubric or score follows ``failure_policy``: ``drop_trajectory`` (defa
 ``skip_gradient_update``; ``skip_rollout`` also marks the whole tree (``tree.misc["skip_rollout"]``, and
 ``usable_trees`` leaves it out); ``fallback_binary`` keeps the env reward as the child's score.
 
-Departure: the "parent action" the rubric writer sees is the delegating code cell (TextCraft) or the whole reply
-(TextWorld) as the launch request carries it; the reference shows the raw TextCraft response text (thought included),
-which the runtime has not yet attached to a turn when the launch happens.
+The rubric writer sees (recipes.md §3) the parent's messages before the delegating reply, that whole raw reply
+(``LaunchRequest.parent_action``: TextCraft thought + code, TextWorld the reply text with its delegate block — the
+same text the rubric-generation stage shows), the observable state, the child's goal, the environment's child tools
+and the budget the delegation asked for.
 
 Call ``await launcher.finalize(tree)`` once the tree has finished (``LauncherFactory.finalize`` does it): it awaits
 the outstanding scoring tasks and returns the counts also written to ``tree.misc["rubric_stats"]``.
@@ -98,7 +99,7 @@ class RubricCoordinator:
         rubrics = []
         for spec in req.specs:
             ctx = rubric_context(parent, req.parent_messages, req.parent_action, state, spec.goal, env=self.env,
-                                 child_budget=spec.max_steps,
+                                 stage="execution", child_budget=spec.budget_shown(),
                                  metadata={"parent_trajectory_id": parent.id, "parent_depth": parent.depth,
                                            "child_depth": spec.depth, "fork_step": req.fork_step})
             # Started before the child exists: the rubric is written from what the parent knew when delegating.

@@ -7,12 +7,21 @@ from __future__ import annotations
 import asyncio
 
 from sera_jax.agents.harness import CURRENT_TURN
+from sera_jax.agents.launchers.best_of_n import EXHAUSTED_TEXT, BestOfNSelector, choose
 from sera_jax.agents.runtime import run_tree
 from sera_jax.agents.scripted import ScriptedGenerator
-from sera_jax.agents.launchers.best_of_n import EXHAUSTED_TEXT, BestOfNSelector, choose
 from sera_jax.agents.settings import RuntimeSettings
-from tests.agents.rubric_scripts import (TC_CHILD, TC_CHILD_BAD, TC_CHILD_OK, TC_ROOT, TW_CHILD, TW_ROOT, py,
-                                         rubric_text, score_text)
+from tests.agents.rubric_scripts import (
+    TC_CHILD,
+    TC_CHILD_BAD,
+    TC_CHILD_OK,
+    TC_ROOT,
+    TW_CHILD,
+    TW_ROOT,
+    py,
+    rubric_text,
+    score_text,
+)
 
 
 class Params:

@@ -11,8 +11,12 @@ import types
 
 import jax
 
-from sera_jax.agents.launchers.counterfactual import CounterfactualCollector, collector_text, rank_fork_groups
 from sera_jax.agents.judge import ProgrammaticJudge
+from sera_jax.agents.launchers.counterfactual import (
+    CounterfactualCollector,
+    collector_text,
+    rank_fork_groups,
+)
 from sera_jax.agents.records import dumps_tree, loads_tree
 from sera_jax.agents.rubric_calls import RubricConfig
 from sera_jax.agents.runtime import run_tree, start_pool

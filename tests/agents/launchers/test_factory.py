@@ -7,18 +7,24 @@ import asyncio
 
 import pytest
 
-from sera_jax.agents.launchers.counterfactual import CounterfactualCollector
 from sera_jax.agents.judge import PolicyJudge, ProgrammaticJudge
 from sera_jax.agents.launchers.base import DefaultLauncher
+from sera_jax.agents.launchers.best_of_n import BestOfNSelector
+from sera_jax.agents.launchers.counterfactual import CounterfactualCollector
 from sera_jax.agents.launchers.factory import make_launcher_factory, usable_trees
 from sera_jax.agents.launchers.rubric import RubricCoordinator
 from sera_jax.agents.runtime import run_trees
 from sera_jax.agents.scripted import ScriptedGenerator
-from sera_jax.agents.launchers.best_of_n import BestOfNSelector
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.rl.baselines import task_group_credit
 from sera_jax.rl.stages import method_config
-from tests.agents.rubric_scripts import TW_CHILD, TW_CHILD_REPLIES, TW_ROOT, rubric_text, score_text
+from tests.agents.rubric_scripts import (
+    TW_CHILD,
+    TW_CHILD_REPLIES,
+    TW_ROOT,
+    rubric_text,
+    score_text,
+)
 
 SERA = method_config("SERA")
 

@@ -9,14 +9,24 @@ import asyncio
 import pytest
 
 from sera_jax.agents.harness import CURRENT_TURN
-from sera_jax.agents.rubric_calls import RubricConfig
 from sera_jax.agents.launchers.rubric import RubricCoordinator, usable_trees
+from sera_jax.agents.rubric_calls import RubricConfig
 from sera_jax.agents.runtime import run_tree
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.rl.datums import execution_datums
-from tests.agents.rubric_scripts import (BAD_RUBRICS, BAD_SCORES, TC_CHILD, TC_CHILD_OK, TC_ROOT, TW_CHILD,
-                                         TW_CHILD_REPLIES, TW_ROOT, rubric_text, score_text)
+from tests.agents.rubric_scripts import (
+    BAD_RUBRICS,
+    BAD_SCORES,
+    TC_CHILD,
+    TC_CHILD_OK,
+    TC_ROOT,
+    TW_CHILD,
+    TW_CHILD_REPLIES,
+    TW_ROOT,
+    rubric_text,
+    score_text,
+)
 
 
 class Logged:
