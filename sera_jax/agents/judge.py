@@ -8,8 +8,15 @@
   branch judge: 2 retries; the spec's external client allows 5). A judge that still fails returns a label with
   ``success=None`` (the branch is excluded) and an ``error`` that names the endpoint and the last cause.
   ``ensure_reachable()`` raises ``JudgeUnavailable`` with that clear message, for a check at start-up.
+  Every request turns the model's thinking off with the reference's fields (``NO_THINKING``: ``"reasoning_effort":
+  "none"`` and ``"chat_template_kwargs": {"enable_thinking": false}``, sent beside ``model``/``messages`` as the
+  reference's ``extra_body``, ``Training/runtime/kimi_judge/client.py`` and ``textworld_rao_policy_judge/judge.py``);
+  ``extra_body`` replaces them (``{}`` sends none, for an endpoint that rejects unknown fields).
 * ``PolicyJudge`` — the ``policy_frozen`` judge: the same prompt and strict parsing, answered by our own engine
   serving a frozen copy of the initial policy (``frozen_policy_engine``), so labels need no network.
+
+Attempts per label are the judge's ``max_attempts``: 3 for the branch (RT) judge; the TextWorld execution judge of the
+RAO family makes one (recipes.md §1b Notes) — ``with_attempts(judge, 1)`` returns such a copy of a configured judge.
 
 Supervision spent: a ``Label`` also says how many requests it took (``attempts``, retries and failures included)
 and their prompt and completion tokens — from the endpoint's ``usage`` field for ``ChatJudge`` (a request without
@@ -24,12 +31,13 @@ The judge prompt (§4): the sub-agent's goal is judged on its own steps and outp
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import json
 import socket
 import urllib.error
 import urllib.request
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 
@@ -47,6 +55,9 @@ JUDGE_SYSTEM = (
     "solved. Use only the steps and outputs shown. Reply strictly with one JSON object: "
     '{"success": true or false, "reason": "a short explanation"}.')
 STEPS_CHAR_LIMIT = 30_000   # keeps the judge request well inside its 10,240-token prompt budget
+# "Thinking off" as the reference's judge clients send it (OpenAI ``extra_body``, merged into the request JSON):
+# ``reasoning_effort`` for reasoning-effort APIs, ``chat_template_kwargs.enable_thinking`` for SGLang/vLLM templates.
+NO_THINKING: Mapping[str, Any] = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": False}}
 
 
 class JudgeUnavailable(RuntimeError):
@@ -110,7 +121,8 @@ class ChatJudge:
     """Binary judge behind an OpenAI-compatible chat-completions endpoint (see the module docstring)."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
-                 max_attempts: int = 3, backoff_s: float = 1.0, temperature: float = 1.0, max_tokens: int = 1024):
+                 max_attempts: int = 3, backoff_s: float = 1.0, temperature: float = 1.0, max_tokens: int = 1024,
+                 extra_body: Mapping[str, Any] | None = None):
         if max_attempts < 1:
             raise ValueError("max_attempts must be ≥ 1")
         url = base_url.rstrip("/")
@@ -118,10 +130,16 @@ class ChatJudge:
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
         self.max_attempts, self.backoff_s = max_attempts, backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
+        # Extra request fields (None = the reference's thinking-off fields); they never override the core fields.
+        self.extra_body = copy.deepcopy(dict(NO_THINKING if extra_body is None else extra_body))
+
+    def request_body(self, messages: Sequence[dict]) -> dict[str, Any]:
+        """Returns the JSON body of one chat-completions request for ``messages``."""
+        return {**copy.deepcopy(self.extra_body), "model": self.model, "messages": list(messages),
+                "temperature": self.temperature, "max_tokens": self.max_tokens}
 
     def _post(self, messages: Sequence[dict]) -> tuple[str, dict[str, int] | None]:
-        body = json.dumps({"model": self.model, "messages": list(messages), "temperature": self.temperature,
-                           "max_tokens": self.max_tokens}).encode()
+        body = json.dumps(self.request_body(messages)).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -253,10 +271,24 @@ def frozen_policy_engine(model_cfg: Any, params: Any, engine_config: Any, tokeni
     return Engine(model_cfg, params, engine_config, tokenizer=tokenizer, mesh=mesh)
 
 
+def with_attempts(judge: Any, max_attempts: int) -> Any:
+    """Returns a copy of ``judge`` that makes at most ``max_attempts`` requests per label (``ChatJudge``,
+    ``PolicyJudge``: the same endpoint / engine, settings and key); a judge without attempts (``ProgrammaticJudge``, a
+    scripted one) is returned as it is."""
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be ≥ 1")
+    if not hasattr(judge, "max_attempts"):
+        return judge
+    out = copy.copy(judge)
+    out.max_attempts = int(max_attempts)
+    return out
+
+
 def make_judge(env: EnvName, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:
     """Returns the label source for ``env``: programmatic for TextCraft; for TextWorld ``config["kind"]`` chooses
-    "chat" (``base_url``, ``model``, optional ``api_key``, ``timeout_s``, ``max_attempts``) or "policy_frozen"
-    (``generator`` = an engine over frozen initial params, ``tokenizer``)."""
+    "chat" (``base_url``, ``model``, optional ``api_key``, ``timeout_s``, ``max_attempts``, ``temperature``,
+    ``max_tokens``, ``extra_body``) or "policy_frozen" (``generator`` = an engine over frozen initial params,
+    ``tokenizer``; optional ``temperature``, ``max_new_tokens``, ``max_attempts``)."""
     if env == "textcraft":
         return ProgrammaticJudge()
     cfg = dict(config or {})

@@ -85,18 +85,23 @@ def _ordered(tree: Tree) -> tuple[TreeIndex, list[str]]:
     return idx, sorted(tree.nodes, key=lambda i: (idx.depth[i], i))
 
 
-def execution_datums(tree: Tree, *, mode: str = "rubric", filter_errors: bool = True) -> list[Datum]:
+def execution_datums(tree: Tree, *, mode: str = "rubric", filter_errors: bool = True,
+                     env: EnvName | None = None) -> list[Datum]:
     """Returns the execution datums of every trainable trajectory of one rollout, each carrying its trajectory's
-    reward (root: env success; sub-agent: rubric score, or env success for ``mode="rao"``).
+    reward (root: env success; sub-agent: rubric score, or for ``mode="rao"`` its env success in TextCraft and the
+    execution judge's label in TextWorld — see ``rewards.execution_reward``). ``env`` defaults to the tree's
+    recorded ``misc["env"]`` (TextCraft when it has none).
 
-    Skipped: ``skip_gradient_update`` trajectories, turns without a completion id, and — with ``filter_errors``
+    Skipped: ``skip_gradient_update`` trajectories (a TextWorld sub-agent whose judge call failed among them),
+    TextWorld RAO sub-agents without a label, turns without a completion id, and — with ``filter_errors``
     (TextCraft) on a trajectory whose filter success is ≥ 1 — turns with an error or a traceback in the output.
     """
+    env = env or tree.misc.get("env") or "textcraft"
     idx, order = _ordered(tree)
     out: list[Datum] = []
     for nid in order:
         node = tree.nodes[nid]
-        reward = R.execution_reward(node, is_root=idx.parent[nid] is None, mode=mode)
+        reward = R.execution_reward(node, is_root=idx.parent[nid] is None, mode=mode, env=env)
         if reward is None:
             continue
         drop_errors = filter_errors and R.filter_success(node) >= 1.0
@@ -120,26 +125,28 @@ def _truncate_after_last(d: Datum) -> Datum:
 def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: EnvName = "textcraft",
                       invalid_reward: float = 0.0, success_gate: bool = False,
                       root_reward: float | None = None) -> list[Datum]:
-    """Returns one delegation datum per launch event and per invalid launch attempt of one rollout.
+    """Returns one delegation datum per launch event and (TextCraft only) per invalid launch attempt of one
+    rollout.
 
     Each is the parent's turn prompt (mask 0) + completion with mask 1 only on the launch statements' tokens
     (``decode`` is the tokenizer's decode, special tokens kept), cut after its last masked token. Scalars: the
     leaf-coverage reward R_root·w_e for events, ``invalid_reward`` for attempts that created no child. Events and
-    attempts with an empty mask or no completion give no datum.
+    attempts with an empty mask or no completion give no datum. TextWorld emits no invalid-attempt datums
+    (recipes.md §1b, §2): the reference scans for ``launch_subagent`` calls, which a TextWorld reply never holds, so a
+    refused or childless ``<delegate>`` block is not trained in the delegation stage.
     """
     idx = TreeIndex.build(tree)
     events, excluded = R.leaf_coverage_rewards(tree, root_reward, success_gate=success_gate)
     fork_steps: dict[str, dict[int, R.LaunchEvent]] = {}
     for ev in events:
         fork_steps.setdefault(ev.parent_id, {})[ev.fork_step] = ev
-    marker = "launch_subagent" if env == "textcraft" else "<delegate"
     parents = sorted(tree.nodes, key=lambda i: (idx.depth[i], i))
     out: list[Datum] = []
     for pid in parents:
         node, started = tree.nodes[pid], False
         for step, turn in enumerate(node.turns):
             ev = fork_steps.get(pid, {}).get(step)
-            if ev is None and (pid in excluded or marker not in turn.code):
+            if ev is None and (env != "textcraft" or pid in excluded or "launch_subagent" not in turn.code):
                 continue
             if turn.completion_id is None or not turn.completion_ids:
                 continue

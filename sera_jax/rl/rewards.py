@@ -15,15 +15,19 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
+from sera_jax.agents.env_name import TEXTCRAFT, EnvName
 from sera_jax.agents.records import Node, Tree, TreeIndex
 
 __all__ = [
-    "env_success", "filter_success", "execution_reward", "hinge_rank_rewards", "rank_disc_rewards",
+    "JUDGE_LABEL", "env_success", "filter_success", "execution_reward", "hinge_rank_rewards", "rank_disc_rewards",
     "hinge_rank_reward", "rank_disc_reward", "ranking_diagnostics", "LaunchEvent", "leaf_coverage_rewards",
 ]
 
 
 # ------------------------------------------------------------------------------------------- execution (§5.1)
+
+JUDGE_LABEL = "judge_success"  # node.env_labels key of a TextWorld sub-agent's execution label (agents.subagent_judge)
+
 
 def env_success(node: Node) -> float:
     """Returns the node's programmatic (or judge) success: 0 after a rollout error; else the summed
@@ -51,16 +55,27 @@ def filter_success(node: Node) -> float:
     return env_success(node)
 
 
-def execution_reward(node: Node, *, is_root: bool, mode: str = "rubric") -> float | None:
+def execution_reward(node: Node, *, is_root: bool, mode: str = "rubric", env: EnvName | None = None
+                     ) -> float | None:
     """Returns the execution scalar of one trajectory before its baseline, or None when it must not train.
 
-    Root: env success in every variant. Sub-agent: env success for ``mode="rao"``; the rubric score for
-    ``mode="rubric"`` (None if it has none — the runtime marks such nodes ``skip_gradient_update``). A rollout
-    error forces 0.
+    Root: env success in every variant. Sub-agent, ``mode="rao"``: TextCraft — its env success (the crafted-delta
+    + finish check); TextWorld — the execution judge's binary label ``env_labels["judge_success"]``
+    (``agents.subagent_judge``; the world check means "the whole shared task is solved", so it cannot grade a
+    sub-task), None when it has none (the judge call failed or was never made: the sub-agent is not trained). A
+    node carrying that label uses it whatever ``env`` says; ``env=None`` otherwise means TextCraft. Sub-agent,
+    ``mode="rubric"``: the rubric score (None if it has none — the runtime marks such nodes
+    ``skip_gradient_update``). A rollout error forces 0.
     """
     if node.skip_gradient_update:
         return None
-    if is_root or mode == "rao":
+    if is_root:
+        return env_success(node)
+    if mode == "rao":
+        if JUDGE_LABEL in node.env_labels:
+            return 0.0 if node.rollout_error_zero_reward else float(node.env_labels[JUDGE_LABEL])
+        if env is not None and env != TEXTCRAFT:
+            return None  # a TextWorld sub-agent without a judge label is never graded by the world check
         return env_success(node)
     if mode != "rubric":
         raise ValueError(f"unknown execution reward mode {mode!r}")

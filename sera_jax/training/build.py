@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -20,6 +21,7 @@ from sera_jax.agents.judge import frozen_policy_engine, make_judge
 from sera_jax.agents.launchers.factory import make_launcher_factory, usable_trees
 from sera_jax.agents.runtime import run_trees, start_pool
 from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.agents.subagent_judge import DeferredJudge, SubagentJudge
 from sera_jax.config import ConfigError, RunConfig, check_mesh
 from sera_jax.model import init_params, load_pretrained
 from sera_jax.parallel.mesh import initialize_distributed, make_mesh
@@ -98,6 +100,21 @@ def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
     if n > len(local_devices):
         raise ConfigError(f"rollout.engines: {n} engines need {n} local devices, this host has {len(local_devices)}")
     return n
+
+
+def judge_settings(cfg: RunConfig) -> dict[str, Any]:
+    """Returns ``make_judge``'s settings for ``cfg.judge``: an OpenAI-compatible endpoint (``judge.endpoint``, else
+    the variable ``judge.endpoint_env`` names; key from ``$SERA_JUDGE_API_KEY``) or the policy_frozen engine."""
+    j = cfg.judge
+    if j.kind == "openai":
+        endpoint = j.endpoint or os.environ.get(j.endpoint_env)
+        if not endpoint:
+            raise ConfigError(f"judge.endpoint: null and ${j.endpoint_env} is not set")
+        return {"kind": "chat", "base_url": endpoint, "model": j.model, "temperature": j.temperature,
+                "max_tokens": j.max_tokens, "max_attempts": j.retries + 1, "timeout_s": j.timeout_s,
+                "api_key": os.environ.get("SERA_JUDGE_API_KEY")}
+    return {"kind": "policy_frozen", "temperature": j.temperature, "max_new_tokens": j.max_tokens,
+            "max_attempts": j.retries + 1}
 
 
 def groups_in_flight(cfg: RunConfig) -> int:
@@ -196,8 +213,10 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     method = cfg.method_config()
     env = cfg.env.name
     settings = runtime_settings(cfg)
-    tw_rubric_stage = env != "textcraft" and method.uses("rubric_generation")  # the one stage that asks a judge
-    frozen_judge = tw_rubric_stage and cfg.judge.kind == "policy_frozen"
+    # TextWorld asks a judge for RT branch labels (rubric stage) and for the RAO family's sub-agent rewards.
+    tw_rubric_stage = env != "textcraft" and method.uses("rubric_generation")
+    tw_execution_judge = env != "textcraft" and method.execution_reward == "rao"
+    frozen_judge = (tw_rubric_stage or tw_execution_judge) and cfg.judge.kind == "policy_frozen"
     # One engine per local device (rollout.engines), each with its own pool; a task group runs on one of them.
     local = jax.local_devices()
     n_engines = num_engines(cfg, local)
@@ -205,20 +224,25 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     engine = EngineReplicas.build(model_cfg, state.params, engine_config(cfg, sampler_dtype, n_engines, kv),
                                   devices=local[:n_engines], tokenizer=tokenizer, seed=cfg.train.seed)
     judge = judge_engine = None
-    if tw_rubric_stage:
-        j = cfg.judge
+    if tw_rubric_stage or tw_execution_judge:
         if frozen_judge:
             # The initial policy's weights, never updated (the run's restore comes later and publishes only to
             # the policy engines): labels do not drift with training.
             judge_engine = frozen_policy_engine(
                 model_cfg, state.params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
                                                        JUDGE_KV_FRACTION), tokenizer, device=local[0])
-        judge = make_judge(env, {"kind": "chat", "base_url": j.endpoint, "model": j.model} if j.kind == "openai"
-                           else {"kind": "policy_frozen"}, generator=judge_engine, tokenizer=tokenizer)
+        judge = make_judge(env, judge_settings(cfg), generator=judge_engine, tokenizer=tokenizer)
+    # Labels come after a group's trees, j.concurrency requests in flight over all groups (recipes.md §1b, §3):
+    # RT branches only of fork groups whose rubric is valid (the judge keeps its retries); sub-agents once each.
+    branch_labels = SubagentJudge(judge, concurrency=cfg.judge.concurrency) if tw_rubric_stage else None
+    execution_labels = (SubagentJudge(judge, concurrency=cfg.judge.concurrency, max_attempts=1)
+                        if tw_execution_judge else None)
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
 
     async def run_group(task, stage: str, version: int):
-        factory = make_launcher_factory(stage, method, env, judge=judge, max_context=settings.max_context)
+        deferred = stage == "rubric_generation" and branch_labels is not None
+        factory = make_launcher_factory(stage, method, env, judge=DeferredJudge() if deferred else judge,
+                                        settings=settings)
         with engine.pinned():  # the group's trees, forks and scoring calls share one engine's prefix cache
             trees = await run_trees([task], env, engine, tokenizer,
                                     stage_settings(settings, cfg, stage, version),
@@ -226,7 +250,12 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                                     max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
                                     textworld_rules=cfg.env.rules)
             trees = await factory.finalize(trees)
-        return usable_trees(trees)
+        trees = usable_trees(trees)
+        if deferred:
+            await branch_labels.label_fork_groups(trees)
+        elif stage == "execution" and execution_labels is not None:
+            await execution_labels.label_subagents(trees)
+        return trees
 
     checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
                                 keep=cfg.train.keep_checkpoints)

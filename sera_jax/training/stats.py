@@ -11,12 +11,17 @@ Supervision spent (``supervision/…``), summed over the step's finished trees (
 the supervision was spent either way; groups cancelled in flight left no records and are not counted):
 
 * ``supervision/programmatic_labels`` — counterfactual branches labelled by the programmatic checker (TextCraft);
-* ``supervision/judge_labels`` — branches a judge model labelled (TextWorld; branches it failed on are not counted);
-* ``supervision/judge_calls`` — requests sent to the judge (every attempt: retries and failed requests included);
+* ``supervision/judge_labels`` — labels a judge model gave (TextWorld): counterfactual branches plus sub-agents
+  given an execution label (RAO family); the ones it failed on are not counted;
+* ``supervision/judge_calls`` — requests sent to the judge (every attempt: retries and failed requests included),
+  branch and execution labels together;
 * ``supervision/judge_prompt_tokens`` / ``supervision/judge_completion_tokens`` — their tokens: the endpoint's
   ``usage`` (chat judge) or the token ids sent and generated (``policy_frozen`` judge);
 * ``supervision/judge_unmetered_calls`` — judge requests with no token count (no ``usage`` in the reply, or no
-  reply): when non-zero the token sums are lower bounds.
+  reply): when non-zero the token sums are lower bounds;
+* ``supervision/execution_judge_{labels,failures,calls,prompt_tokens,completion_tokens,unmetered_calls}`` — the
+  share of the above spent on the TextWorld RAO family's execution labels (``agents.subagent_judge``: one request
+  per non-root node; a failure takes that sub-agent out of training), with the sub-agents it failed on.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.records import Tree, TreeIndex
+from sera_jax.agents.subagent_judge import BRANCH_KEY, SPENT_KEY
 
 
 def ranking_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
@@ -55,6 +61,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[s
     rubric = {"rubric_calls": 0, "rubric_invalid": 0, "score_calls": 0, "score_invalid": 0}
     labels = 0
     judge = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "unmetered_calls": 0}
+    execution = {"labels": 0, "failures": 0, **judge}  # the execution judge's share (RAO family, TextWorld)
     aucs, accs = [], []
     child_scores, child_labels, child_flags = [], [], []
     for t in trees:
@@ -82,9 +89,17 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[s
                 child_scores.append(float(node.rubric_score.score))
                 child_labels.append(bool(node.env_labels["success"]))
                 child_flags.append(bool(node.rubric_score.success))
-            spent = node.misc.get("judge_label") or {}
+            spent = node.misc.get(BRANCH_KEY) or {}
             for k in judge:
                 judge[k] += int(spent.get(k, 0) or 0)
+            spent = node.misc.get(SPENT_KEY)
+            if spent:  # an execution label (agents.subagent_judge): counted in the totals and on its own
+                labelled = spent.get("success") is not None
+                execution["labels" if labelled else "failures"] += 1
+                for k in judge:
+                    n = int(spent.get(k, 0) or 0)
+                    judge[k] += n
+                    execution[k] += n
         for g in t.fork_groups:
             labelled = [b for b in g.branches if b.success is not None]
             labels += len(labelled)
@@ -100,8 +115,9 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[s
         **{k: float(v) for k, v in rubric.items()},
         # Supervision: TextCraft labels are programmatic checks; TextWorld's come from the judge.
         "supervision/programmatic_labels": float(labels if env == "textcraft" else 0),
-        "supervision/judge_labels": float(labels if env != "textcraft" else 0),
+        "supervision/judge_labels": float((labels if env != "textcraft" else 0) + execution["labels"]),
         **{f"supervision/judge_{k}": float(v) for k, v in judge.items()},
+        **{f"supervision/execution_judge_{k}": float(v) for k, v in execution.items()},
     }
     if aucs:
         out["rubric_ranking_accuracy"] = float(np.mean(accs))

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sera_jax.agents.judge import (ChatJudge, JudgeUnavailable, PolicyJudge, ProgrammaticJudge, judge_messages,
-                                   make_judge, parse_judge_reply, usage_tokens)
+from sera_jax.agents.judge import (NO_THINKING, ChatJudge, JudgeUnavailable, PolicyJudge, ProgrammaticJudge,
+                                   judge_messages, make_judge, parse_judge_reply, usage_tokens, with_attempts)
 from sera_jax.agents.records import Node, Turn
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.phases import Trace, tracing
@@ -85,6 +85,45 @@ def test_success_and_request_shape():
         assert "You take it." in user
     finally:
         srv.close()
+
+
+def test_requests_turn_thinking_off():
+    """Every request carries the reference's thinking-off fields (``reasoning_effort: none`` and
+    ``chat_template_kwargs.enable_thinking: false``, its ``extra_body``); ``extra_body`` replaces them and never
+    overrides the core fields."""
+    assert NO_THINKING == {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": False}}
+    srv = ChatServer([("reply", '{"success": true, "reason": "r"}')] * 3)
+    try:
+        _label(ChatJudge(srv.url, "kimi-k2.6"))
+        body = srv.requests[0][2]
+        assert body["reasoning_effort"] == "none" and body["chat_template_kwargs"] == {"enable_thinking": False}
+        _label(ChatJudge(srv.url, "m", extra_body={}))
+        assert not {"reasoning_effort", "chat_template_kwargs"} & set(srv.requests[1][2])
+        _label(ChatJudge(srv.url, "m", extra_body={"model": "other", "thinking": {"type": "disabled"}}))
+        body = srv.requests[2][2]
+        assert body["model"] == "m" and body["thinking"] == {"type": "disabled"} and "reasoning_effort" not in body
+    finally:
+        srv.close()
+    judge = make_judge("textworld_sync", {"kind": "chat", "base_url": "http://127.0.0.1:9/v1", "model": "m"})
+    assert judge.request_body([])["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_with_attempts_is_a_copy_with_one_attempt():
+    """The execution judge's single attempt is a per-use copy: the configured (RT) judge keeps its retries."""
+    srv = ChatServer([("status", 500), ("reply", '{"success": true, "reason": "r"}')])
+    try:
+        rt = ChatJudge(srv.url, "m", max_attempts=3, backoff_s=0.01)
+        once = with_attempts(rt, 1)
+        label = _label(once)
+        assert label.success is None and label.attempts == 1 and len(srv.requests) == 1
+        assert rt.max_attempts == 3 and once.url == rt.url and once.extra_body == rt.extra_body
+        assert _label(rt).success is True
+    finally:
+        srv.close()
+    programmatic = ProgrammaticJudge()
+    assert with_attempts(programmatic, 1) is programmatic
+    with pytest.raises(ValueError):
+        with_attempts(rt, 0)
 
 
 def test_garbage_is_retried_then_excluded():

@@ -136,6 +136,41 @@ def test_delegation_skips_missing_completion_and_unplaceable_code(bpe, decode):
     assert delegation_datums(t, decode) == []
 
 
+def _delegate_turn(bpe, index, goal="open the chest"):
+    text = f'Split it.\n<delegate goal="{goal}">take key, unlock chest</delegate>'
+    return turn(index, [5], bpe.encode(text).ids, code=text, text=text)
+
+
+def test_textworld_delegation_emits_no_invalid_attempt_datums(bpe, decode):
+    """TextWorld (recipes.md §1b, §2): a delegate block that created no child (a refusal at the depth limit) gives
+    no datum; the launch event still does. TextCraft keeps its invalid-attempt datums (§5.4)."""
+    t = tree("t", [node("root", turns=[_delegate_turn(bpe, 0), _delegate_turn(bpe, 1)], success=1.0),
+                   node("c", parent="root", fork_step=0, depth=1, turns=[_delegate_turn(bpe, 0)])])
+    tw = delegation_datums(t, decode, env="textworld_sync")
+    assert [(d.node_id, d.meta["fork_step"], d.meta["invalid"], d.scalar) for d in tw] == [("root", 0, False, 1.0)]
+    assert not any(d.meta["invalid"] for d in tw)
+    one = 'x = await launch_subagent({"c": 1})'
+    tc = tree("t", [node("root", turns=[_launch_turn(bpe, 0, one), _launch_turn(bpe, 1, one)], success=1.0),
+                    node("c", parent="root", fork_step=0, depth=1)])
+    assert [d.meta["invalid"] for d in delegation_datums(tc, decode, env="textcraft")] == [False, True]
+
+
+def test_textworld_rao_execution_datums_follow_the_judge_label():
+    """The tree's recorded env picks the RAO rule: a TW child with the judge's label 1 trains with 1 although the
+    world check says 0; a TW child without a label (its judge call failed) gives no datum; TextCraft: env check."""
+    def build(env):
+        nodes = [node("r", turns=[turn(0, [1], [2])], success=0.0),
+                 node("a", parent="r", fork_step=0, depth=1, turns=[turn(0, [3], [4])], success=0.0,
+                      env_labels={"judge_success": 1.0}),
+                 node("b", parent="r", fork_step=0, depth=1, turns=[turn(0, [5], [6])], success=1.0)]
+        return tree("t", nodes, misc={"env": env})
+
+    assert {d.node_id: d.scalar for d in execution_datums(build("textworld_sync"), mode="rao")} == {"r": 0.0, "a": 1.0}
+    assert {d.node_id: d.scalar for d in execution_datums(build("textcraft"), mode="rao")} == {
+        "r": 0.0, "a": 1.0, "b": 1.0}
+    assert {d.node_id for d in execution_datums(build("textcraft"), mode="rao", env="textworld_sync")} == {"r", "a"}
+
+
 def _group(gid, scores, labels, bpe, *, depth=1, skipped=False, rubric=True):
     rt = turn(0, bpe.encode("write a rubric").ids, bpe.encode('{"rubric_items": []}').ids)
     scorer = [turn(1, [1400 + b], [1500 + b, 1600 + b]) for b in range(len(scores))]  # ids the BPE never makes

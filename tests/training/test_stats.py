@@ -85,3 +85,27 @@ def test_execution_stage_scored_subagents_against_their_success():
     assert m["subagent_score_agreement"] == 1.0 and "subagent_score_auc" not in m
     assert "scored_subagents" not in tree_metrics([Tree(id="v", task_id="task", root_id="root",
                                                         nodes={"root": root})])
+
+
+def test_execution_judge_spend_is_counted():
+    """TextWorld RAO execution labels (agents.subagent_judge): every request counts in the judge totals and in its
+    own execution_judge_* share; a failed label counts its requests but no label."""
+    root = Node(id="root", goal="g", env_labels={"success": 0.0})
+    ok = {"success": True, "reason": "r", "error": "", "calls": 1, "prompt_tokens": 500, "completion_tokens": 9,
+          "unmetered_calls": 0}
+    failed = {"success": None, "reason": "", "error": "HTTP 500", "calls": 1, "prompt_tokens": 0,
+              "completion_tokens": 0, "unmetered_calls": 1}
+    kids = {"a": Node(id="a", goal="x", depth=1, parent_id="root", env_labels={"judge_success": 1.0},
+                      misc={"execution_judge": ok}),
+            "b": Node(id="b", goal="y", depth=1, parent_id="root", skip_gradient_update=True,
+                      misc={"execution_judge": failed})}
+    t = Tree(id="t", task_id="task", root_id="root", nodes={"root": root, **kids})
+    m = tree_metrics([t, t], env="textworld_sync")
+    assert m["supervision/judge_calls"] == 4 and m["supervision/execution_judge_calls"] == 4
+    assert m["supervision/judge_labels"] == 2 and m["supervision/execution_judge_labels"] == 2
+    assert m["supervision/execution_judge_failures"] == 2
+    assert m["supervision/judge_prompt_tokens"] == 1000 == m["supervision/execution_judge_prompt_tokens"]
+    assert m["supervision/execution_judge_completion_tokens"] == 18
+    assert m["supervision/judge_unmetered_calls"] == 2 == m["supervision/execution_judge_unmetered_calls"]
+    plain = tree_metrics([Tree(id="u", task_id="task", root_id="root", nodes={"root": root})])
+    assert plain["supervision/execution_judge_calls"] == 0 and plain["supervision/judge_labels"] == 0
