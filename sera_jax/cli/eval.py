@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf,
                                num_tasks=args.tasks if args.tasks is not None else cfg.eval.num_tasks,
-                               num_runs=args.runs, on_run=show, version=args.version))
+                               num_runs=args.runs, on_run=show, version=args.version, progress=True))
     print(rep["markdown"])
     m, s = rep["mean_std"]["overall"]
     errored = sum(t["overall"]["errored"] for t in rep["runs"])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
+from tqdm import tqdm
 
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.launchers.factory import make_launcher_factory
@@ -48,6 +49,7 @@ from sera_jax.sampling import Engine, EngineConfig
 from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.training.build import kv_cache_budget_bytes, load_env_tasks
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
+from sera_jax.warmstart.sft import SHIPPED_DIR, shipped_matches
 from sera_jax.warmstart.tokenizer import resolve_tokenizer
 
 __all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
@@ -68,8 +70,10 @@ class Policy:
 def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir: str | Path | None = None,
                 work_dir: str | Path = ".", version: int | None = None) -> Policy:
     """Returns the Policy to evaluate: a run checkpoint's params (its metadata's model config and tokenizer), a HF
-    directory's, or else ``cfg``'s model (``model.hf_dir``, or a random init from ``train.seed``) with ``cfg``'s
-    tokenizer (``builtin:textcraft`` is built into ``work_dir``)."""
+    directory's, or else ``cfg``'s model: ``model.hf_dir``; ``model.init_from``'s newest checkpoint, or the shipped
+    warm start when ``cfg``'s warm-start recipe is the shipped one (the tiny default: what its training starts from);
+    else a random init from ``train.seed`` with ``cfg``'s tokenizer (``builtin:textcraft`` is built into
+    ``work_dir``)."""
 
     if checkpoint is not None and hf_dir is not None:
         raise ValueError("give a checkpoint or a HF directory, not both")
@@ -94,6 +98,11 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
         spec = str(hf) if has_tok or cfg.model.tokenizer is None else cfg.model.tokenizer
         tok, tok_path = resolve_tokenizer(spec, str(hf), work_dir)
         return Policy(model_cfg, params, tok, str(tok_path), f"hf {hf}")
+    init_from = Path(cfg.model.init_from) if cfg.model.init_from is not None else None
+    if init_from is not None and (init_from / "checkpoints").is_dir():
+        return load_policy(cfg, checkpoint=init_from, work_dir=work_dir)   # e.g. a built warm start
+    if init_from is not None and shipped_matches(cfg):
+        return load_policy(cfg, hf_dir=SHIPPED_DIR, work_dir=work_dir)     # the shipped warm start of its recipe
     model_cfg = cfg.model_config()
     tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, None, work_dir)
     params = init_params(jax.random.fold_in(jax.random.key(cfg.train.seed), 0), model_cfg)
@@ -181,12 +190,16 @@ async def run_task(task: Any, env: EnvName, generator: Any, tokenizer: Any, sett
 async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tokenizer: Any, settings: RuntimeSettings,
                          *, retries: int = 1, concurrency: int = 64, selection: dict | None = None, pool: Any = None,
                          run_index: int = 0, textworld_rules: str = "reference",
-                         on_trees: Callable[[list[Tree]], None] | None = None
+                         on_trees: Callable[[list[Tree]], None] | None = None, progress: str | None = None
                          ) -> tuple[list[Outcome], list[dict], list[Tree]]:
     """Runs every task (at most ``concurrency`` at a time) under :func:`run_task`; returns (outcomes, attempt
     records, trees), in task order. With ``on_trees`` each task's trees go there as soon as it finishes and are not
-    kept (a full task set's prompts would not fit in memory); the returned tree list is then empty."""
+    kept (a full task set's prompts would not fit in memory); the returned tree list is then empty. ``progress``
+    names a progress bar on stderr (tasks done of all, successes so far)."""
     gate = asyncio.Semaphore(concurrency)
+    bar = (tqdm(total=len(tasks), desc=progress, unit="task", leave=False, dynamic_ncols=True)
+           if progress is not None else None)
+    solved = 0
 
     async def one(task):
         async with gate:
@@ -196,9 +209,18 @@ async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tok
         if on_trees is not None:
             on_trees(trees)
             trees = []
+        if bar is not None:
+            nonlocal solved
+            solved += bool(outcome.success)
+            bar.set_postfix(success=f"{solved}/{bar.n + 1}", refresh=False)
+            bar.update(1)
         return outcome, rec, trees
 
-    results = await asyncio.gather(*(one(t) for t in tasks))
+    try:
+        results = await asyncio.gather(*(one(t) for t in tasks))
+    finally:
+        if bar is not None:
+            bar.close()
     return [r[0] for r in results], [r[1] for r in results], [t for r in results for t in r[2]]
 
 
@@ -206,7 +228,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
                    hf_dir: str | Path | None = None, version: int | None = None, num_tasks: int | None = None,
                    num_runs: int | None = None, generator: Any = None, tokenizer: Any = None,
                    wrap_generator: Callable[[Any], Any] | None = None,
-                   on_run: Callable[[int, dict], None] | None = None) -> dict:
+                   on_run: Callable[[int, dict], None] | None = None, progress: bool = False) -> dict:
     """Evaluates a policy under the protocol of the module docstring; writes report.json, report.md and
     trees.jsonl into ``out_dir`` and returns the report (``evaluate.report`` + env, task set, source, settings,
     per-run task records).
@@ -247,7 +269,8 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
             outcomes, recs, trees = await evaluate_tasks(
                 tasks, env, generator, tokenizer, eval_settings(cfg, r), retries=e.retries,
                 concurrency=e.concurrency, selection=selection, pool=pool, run_index=r, textworld_rules=cfg.env.rules,
-                on_trees=lambda trees: write_jsonl(trees, trees_path))
+                on_trees=lambda trees: write_jsonl(trees, trees_path),
+                progress=f"evaluation run {r + 1}/{runs}" if progress else None)
             times.append(time.monotonic() - t0)
             tables.append(summarise(outcomes, DIFFICULTY_ORDER))
             if any(rec["game"] is not None for rec in recs):

@@ -82,7 +82,7 @@ async def _evaluate(cfg: Any, loop: Any, out_dir: Path, log: Callable[[str], Non
     if report_path.is_file():
         return json.loads(report_path.read_text())
     rep = await evaluate(cfg, out_dir=out_dir, generator=loop.engine, tokenizer=loop.tokenizer,
-                         num_tasks=cfg.eval.num_tasks)
+                         num_tasks=cfg.eval.num_tasks, progress=True)
     log(f"evaluation ({out_dir.name}): {json.dumps(rep['runs'][0]['overall'])}")
     return rep
 
