@@ -266,7 +266,7 @@ class Engine:
         """Returns counters: prefill/cached/generated tokens, calls, finish reasons, and block usage now and at peak."""
         with self._lock:
             s = {k: 0 for k in ("admitted", "prefill_tokens", "cached_tokens", "generated_tokens", "prefill_calls",
-                                "decode_calls", "cancelled")}
+                                "decode_calls", "decode_live_rows", "decode_batch_rows", "cancelled")}
             s.update(self.sched.stats)
             blocks = self.sched.blocks
             s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),

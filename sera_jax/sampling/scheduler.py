@@ -219,6 +219,8 @@ class Scheduler:
         alive = np.array([s is not None and s.decoding for s in self.slots[:b]], bool)
         rows = {k: v[:b].copy() for k, v in self.row_cfg.items()}
         self.stats["decode_calls"] += 1
+        self.stats["decode_live_rows"] += len(decoding)   # rows that decode, of the b rows the chunk computes
+        self.stats["decode_batch_rows"] += b
         return DecodeBatch(table=self.table[:b, :w].copy(), alive=alive, rows=rows, snapshot=list(self.slots[:b]))
 
     # ------------------------------------------------------------------------------------------------------------

@@ -272,7 +272,8 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                 buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
                 filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
                 metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
-                                                data_files=data_files), trees_dir=out_dir / "trees")
+                                                data_files=data_files), trees_dir=out_dir / "trees",
+                engine_stats=engine.stats)
     loop.tokenizer = tokenizer  # for callers that render trees or evaluate
     loop.engine = engine  # EngineReplicas: the policy's sampling engines
     loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None

@@ -132,6 +132,7 @@ class Loop:
     metrics: MetricsWriter | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
+    engine_stats: Callable[[], list[dict[str, int]]] | None = None  # the sampling engines' counters (rollout/*)
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
     _admission: Admission | None = dataclasses.field(default=None, init=False, repr=False)
@@ -155,6 +156,7 @@ class Loop:
         tasks_per_step = self.stage_tasks_per_step.get(pos.stage, self.tasks_per_step)
         self._t_start = t0 = time.monotonic()
         trace = Trace()
+        engine_before = self.engine_stats() if self.engine_stats is not None else None
         with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
             admitted, stats = await self.admission.collect(
                 pos.stage, self.version, tasks_per_step,
@@ -169,6 +171,8 @@ class Loop:
         phases = phase_times(trace, t0, t_end)
         metrics.update({f"time/{k}": v for k, v in phases.items() if k != "uncovered_s"})
         metrics["time/rollout_uncovered_s"] = phases["uncovered_s"]
+        if engine_before is not None:
+            metrics.update(generation_metrics(engine_before, self.engine_stats(), t_end - t0))
         metrics.update(tree_metrics(trees, env=self.env))
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
@@ -278,6 +282,23 @@ class Loop:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
         return outcomes
+
+
+def generation_metrics(before: Sequence[dict[str, int]], after: Sequence[dict[str, int]], seconds: float
+                       ) -> dict[str, float]:
+    """Returns the rollout's generation efficiency from the engines' counters before and after it (every policy
+    call: agent turns, rubric and scoring calls): ``rollout/completion_tokens`` and ``…_per_s`` over the rollout's
+    wall time, ``rollout/prefill_tokens`` (prompt tokens computed), ``rollout/cached_prompt_tokens`` (reused from
+    the prefix cache), and ``rollout/mean_live_rows`` / ``rollout/mean_batch_rows`` per decode chunk."""
+    def delta(key: str) -> int:
+        return sum(a.get(key, 0) - b.get(key, 0) for a, b in zip(after, before))
+    gen, chunks = delta("generated_tokens"), delta("decode_calls")
+    return {"rollout/completion_tokens": float(gen),
+            "rollout/completion_tokens_per_s": gen / seconds if seconds > 0 else 0.0,
+            "rollout/prefill_tokens": float(delta("prefill_tokens")),
+            "rollout/cached_prompt_tokens": float(delta("cached_tokens")),
+            "rollout/mean_live_rows": delta("decode_live_rows") / chunks if chunks else 0.0,
+            "rollout/mean_batch_rows": delta("decode_batch_rows") / chunks if chunks else 0.0}
 
 
 def token_staleness(groups: Sequence[GroupCredit], version: int) -> dict[str, float]:

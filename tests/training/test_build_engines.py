@@ -29,6 +29,11 @@ def test_a_step_runs_its_groups_on_two_engines_and_publishes_to_both(tmp_path):
 
     outcome, stats, versions, judge_engine = asyncio.run(main())
     assert outcome.metrics["groups_started"] >= 2
+    m = outcome.metrics  # generation efficiency from the engines' counters
+    assert m["rollout/completion_tokens"] > 0 and m["rollout/prefill_tokens"] > 0
+    assert m["rollout/completion_tokens_per_s"] == m["rollout/completion_tokens"] / m["time/rollout_s"]
+    assert 0 < m["rollout/mean_live_rows"] <= m["rollout/mean_batch_rows"]
+    assert m["rollout/cached_prompt_tokens"] >= 0
     assert all(s["admitted"] > 0 for s in stats), stats  # both engines served task groups
     assert versions == [0 if outcome.skipped else 1] * 2
     assert judge_engine is None  # TextCraft labels are programmatic

@@ -19,7 +19,7 @@ from sera_jax.model.tokenizer import load_tokenizer
 from sera_jax.rl.optim import OptimConfig, make_optimizer
 from sera_jax.rl.stages import method_config
 from sera_jax.training.checkpoint import Checkpointer
-from sera_jax.training.loop import Loop
+from sera_jax.training.loop import Loop, generation_metrics
 from sera_jax.training.metrics import MetricsWriter, read_metrics
 from sera_jax.training.step import init_train_state, make_train_step
 from sera_jax.training.task_stream import TaskStream
@@ -166,3 +166,15 @@ def test_no_trained_token_is_older_than_the_staleness_bound(world, tmp_path, ofp
         assert max(lags) == 1 and all(o.metrics["groups_carried"] == 2 for o in outs)
     else:
         assert all(o.metrics["groups_carried"] == 0 for o in outs)
+
+
+def test_generation_metrics_are_counter_deltas_over_engines():
+    before = [{"generated_tokens": 10, "decode_calls": 2, "decode_live_rows": 6, "decode_batch_rows": 8,
+               "prefill_tokens": 100, "cached_tokens": 0}, {}]
+    after = [{"generated_tokens": 70, "decode_calls": 4, "decode_live_rows": 9, "decode_batch_rows": 16,
+              "prefill_tokens": 400, "cached_tokens": 64},
+             {"generated_tokens": 30, "decode_calls": 1, "decode_live_rows": 4, "decode_batch_rows": 4}]
+    m = generation_metrics(before, after, seconds=4.0)
+    assert m["rollout/completion_tokens"] == 90 and m["rollout/completion_tokens_per_s"] == 22.5
+    assert m["rollout/prefill_tokens"] == 300 and m["rollout/cached_prompt_tokens"] == 64
+    assert m["rollout/mean_live_rows"] == 7 / 3 and m["rollout/mean_batch_rows"] == 12 / 3
