@@ -1,6 +1,13 @@
 """Rollout engine vs transformers ``generate`` on CPU, and the prefix cache on 8 branches of one shared prompt.
 
-Usage: ``python tools/bench_decode.py [--quick]``.
+Usage: ``python tools/bench_decode.py [--quick] [--only workload|decode|branch]``.
+
+0. The headline, the job's own shapes: the shipped tiny warm start (the tiny default's policy) replaying the agent
+   turns of a real evaluation (``tools/data/tiny_eval_turns.json``: per agent, each turn's prompt and completion
+   length, from a ``sera-train`` run's 147-task Easy evaluation; mean prompt ~425, completion ~70 tokens), 16 agents
+   at a time as that evaluation ran, each turn's prompt extending the last turn's prompt and completion (multi-turn
+   prefix reuse), through the engine config evaluation uses; against transformers ``generate`` on the same turns in
+   batches of 16 (left-padded, every prompt re-prefilled, each batch generating its longest completion).
 
 Both sides run the same random Qwen3 weights (written once with ``save_pretrained`` and loaded by transformers'
 ``Qwen3ForCausalLM``), fp32, greedy, a fixed number of new tokens (no stop), on this machine's CPU cores. The model
@@ -67,15 +74,129 @@ def hf_generate(model, prompts, new_tokens):
     return dt, out[:, ids.shape[1]:].numpy()
 
 
+WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tiny_eval_turns.json")
+
+
+def bench_workload(num_agents: int) -> str:
+    """Replays ``num_agents`` agents' turns (see the module docstring, part 0) on the engine and on transformers;
+    prints the table and returns the RESULT fields."""
+    import json
+
+    import torch
+    import transformers
+
+    from sera_jax.config import load_config
+    from sera_jax.evaluation.protocol import eval_engine_config
+    from sera_jax.model import load_pretrained
+    from sera_jax.warmstart.sft import SHIPPED_DIR
+
+    data = json.load(open(WORKLOAD))
+    chains = data["chains"][:num_agents]
+    conc = int(data["concurrency"])
+    turns = [t for c in chains for t in c]
+    tokens = sum(c for _, c in turns)
+    tiny = load_config([os.path.join(os.path.dirname(WORKLOAD), "..", "..", "configs", "tiny_cpu.yaml")])
+    model_cfg, params = load_pretrained(SHIPPED_DIR)
+    ec = eval_engine_config(tiny, model_cfg, "float32")
+    print(f"workload: {len(chains)} agents, {len(turns)} turns, mean prompt {np.mean([p for p, _ in turns]):.0f}, "
+          f"mean completion {np.mean([c for _, c in turns]):.0f} tokens, {conc} agents at a time; the shipped tiny "
+          f"warm start ({model_cfg.num_params() / 1e6:.1f}M params, fp32), the evaluation's engine config")
+
+    def replay(engine: Engine, seed: int) -> float:
+        rs = np.random.RandomState(seed)  # fresh token ids per replay: nothing is cached across replays
+        gate = asyncio.Semaphore(conc)
+
+        async def agent(chain):
+            async with gate:
+                prev: list[int] = []
+                for p, c in chain:
+                    prompt = prev + rs.randint(0, model_cfg.vocab_size, p - len(prev)).tolist() if p >= len(prev) \
+                        else rs.randint(0, model_cfg.vocab_size, p).tolist()  # a cut history starts afresh
+                    res = await engine.generate(prompt, SamplingParams(max_new_tokens=c, temperature=0.0))
+                    assert len(res.token_ids) == c
+                    prev = prompt + list(res.token_ids)
+
+        async def main():
+            await asyncio.gather(*(agent(c) for c in chains))
+        t0 = time.perf_counter()
+        asyncio.run(main())
+        return time.perf_counter() - t0
+
+    engine = Engine(model_cfg, params, ec)
+    t0 = time.perf_counter()
+    replay(engine, 1)  # warm-up: compiles every shape the workload reaches
+    warm_s, compiled = time.perf_counter() - t0, engine.compile_count()
+    c0 = engine.compile_count()
+    s0 = engine.stats()
+    t_eng = replay(engine, 2)
+    s1 = engine.stats()
+    late = engine.compile_count() - c0
+    engine.close()
+    computed = s1["prefill_tokens"] - s0["prefill_tokens"]
+    cached = s1["cached_tokens"] - s0["cached_tokens"]
+    live = (s1["decode_live_rows"] - s0["decode_live_rows"]) / max(1, s1["decode_calls"] - s0["decode_calls"])
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED_DIR, dtype=torch.float32).eval()
+    rs = np.random.RandomState(3)
+    t_hf = 0.0
+    with torch.no_grad():
+        for i in range(0, len(turns), conc):
+            batch = turns[i:i + conc]
+            width, new = max(p for p, _ in batch), max(c for _, c in batch)
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for r, (p, _) in enumerate(batch):
+                ids[r, width - p:] = torch.as_tensor(rs.randint(0, model_cfg.vocab_size, p))
+                mask[r, width - p:] = 1
+            t0 = time.perf_counter()
+            model_out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                    do_sample=False, pad_token_id=0)
+            t_hf += time.perf_counter() - t0
+            assert model_out.shape[1] == width + new
+    # transformers' best case, as a peer would benchmark it: full batches of equal lengths (the workload's means).
+    mp, mc = int(round(np.mean([p for p, _ in turns]))), int(round(np.mean([c for _, c in turns])))
+    t_uni, n_uni = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(turns), conc):
+            b = len(turns[i:i + conc])
+            ids = torch.as_tensor(rs.randint(0, model_cfg.vocab_size, (b, mp)))
+            t0 = time.perf_counter()
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=mc, min_new_tokens=mc,
+                        do_sample=False, pad_token_id=0)
+            t_uni += time.perf_counter() - t0
+            n_uni += b * mc
+    e_tps, h_tps, u_tps = tokens / t_eng, tokens / t_hf, n_uni / t_uni
+    print(f"{'':>13} {'seconds':>8} {'completion tok/s':>17}")
+    print(f"{'engine':>13} {t_eng:>8.1f} {e_tps:>17.0f}   (prompt tokens computed {computed}, from the prefix cache "
+          f"{cached}; {live:.1f} live rows per decode chunk; warm-up {warm_s:.0f} s, {compiled} executables"
+          f"{f', {late} more in the timed run' if late else ''})")
+    print(f"{'transformers':>13} {t_hf:>8.1f} {h_tps:>17.0f}   (the same turns in batches of {conc}: left-padded, "
+          "every prompt re-prefilled, each batch to its longest completion)")
+    print(f"{'  equal lengths':>13} {t_uni:>8.1f} {u_tps:>17.0f}   (its best case: full batches of the mean prompt "
+          f"{mp} and completion {mc})")
+    print(f"  -> engine / transformers on the job's shapes: {e_tps / h_tps:.2f}x; against its best case "
+          f"{e_tps / u_tps:.2f}x (the headline)\n")
+    return (f"workload_engine_tps={e_tps:.0f} workload_hf_tps={h_tps:.0f} workload_hf_equal_tps={u_tps:.0f} "
+            f"workload_ratio={e_tps / u_tps:.2f} workload_ratio_same_turns={e_tps / h_tps:.2f} "
+            f"workload_agents={len(chains)} workload_turns={len(turns)} workload_warmup_executables={compiled}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller model and fewer tokens (a smoke run)")
-    ap.add_argument("--only", choices=("decode", "branch"), default=None, help="run one of the two parts")
+    ap.add_argument("--only", choices=("workload", "decode", "branch"), default=None, help="run one part")
+    ap.add_argument("--agents", type=int, default=None, help="workload: agents replayed (default 64, quick 12)")
     args = ap.parse_args()
     import torch
     import transformers
 
     torch.set_num_threads(os.cpu_count() or 1)
+    headline = ""
+    if args.only in (None, "workload"):
+        headline = bench_workload(args.agents or (12 if args.quick else 64))
+        if args.only == "workload":
+            print(f"RESULT {headline} quick={int(args.quick)}")
+            return
     cfg = bench_config(args.quick)
     new_tokens = 32 if args.quick else 128
     batches = (1, 8) if args.quick else (1, 8, 32)
@@ -164,7 +285,7 @@ def main() -> None:
         total = branch[False, branch_new][1] / branch[True, branch_new][1]
         print(f"  -> {pn / pc:.1f}x fewer prefilled tokens; {ttft:.1f}x faster to the first tokens (the prefill), "
               f"{total:.1f}x faster to {branch_new} tokens (decoding over the shared context is the same work in both)")
-    res = " ".join(f"b{b}_engine_tps={e:.0f} b{b}_hf_tps={h:.0f} b{b}_ratio={e / h:.2f}" for b, e, h in rows)
+    res = headline + " " + " ".join(f"b{b}_engine_tps={e:.0f} b{b}_hf_tps={h:.0f} b{b}_ratio={e / h:.2f}" for b, e, h in rows)
     if branch:
         res += (f" branch8_prefill_ratio={pn / pc:.2f} branch8_ttft_speedup={ttft:.2f} branch8_speedup={total:.2f} "
                 f"branch8_prefill_cached={pc} branch8_prefill_uncached={pn}")
