@@ -13,7 +13,7 @@ from sera_jax.sampling.engine_config import cpu_shapes
 def test_cpu_shapes_cover_every_context_with_short_prefill_pieces(context):
     ec = EngineConfig(max_batch=32, max_context=context, num_blocks=4096, dtype="float32", **cpu_shapes(32, context))
     b = ec.buckets()
-    assert b["batch"] == (32,) and b["prefill_batch"] == (2,)
+    assert b["batch"] == (8, 16, 32) and b["prefill_batch"] == (2,)  # decode rows: the live slots' power of two
     assert b["width"] == (-(-context // 16),)  # one decode shape, the full table
     assert b["prefill_len"][-1] == ec.max_prefill_len == min(512, context)
     assert all(n <= 512 for n in b["prefill_len"]) and len(b["prefill_len"]) <= 4
@@ -28,4 +28,5 @@ def test_the_tiny_default_engines_use_the_cpu_shapes():
     eval_ec = eval_engine_config(cfg, cfg.model_config(), "float32")
     for ec, ctx in ((train_ec, cfg.rollout.context_tokens), (eval_ec, cfg.eval.context_tokens)):
         assert ec.prefill_len_buckets == (64, 128, 256, 512) and ec.max_prefill_len == 512
-        assert ec.width_buckets == (-(-ctx // 16),) and ec.batch_buckets == (ec.max_batch,)
+        assert ec.width_buckets == (-(-ctx // 16),) and ec.batch_buckets[-1] == ec.max_batch
+        assert all(b >= 8 and b & (b - 1) == 0 for b in ec.batch_buckets[:-1])
