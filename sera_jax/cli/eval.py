@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report
+from sera_jax.cli.common import CONFIG_ERROR, load_or_report, use_compilation_cache
 from sera_jax.evaluation.protocol import evaluate
 
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_or_report(args.args, check_paths=args.checkpoint is None and args.hf is None)
     if cfg is None:
         return CONFIG_ERROR
+    use_compilation_cache()
     if (args.tasks is not None and args.tasks <= 0) or (args.runs is not None and args.runs <= 0):
         print("--tasks and --runs must be positive", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import sys
 
 from tqdm import tqdm
 
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report
+from sera_jax.cli.common import CONFIG_ERROR, load_or_report, use_compilation_cache
 from sera_jax.training.build import train_from_config
 from sera_jax.training.default_run import run_default
 from sera_jax.training.dry_run import dry_run
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_or_report(args.args)
     if cfg is None:
         return CONFIG_ERROR
+    use_compilation_cache()
     if args.dry_run:
         outcomes = asyncio.run(dry_run(cfg, out_dir=args.out, on_step=lambda o: print(step_line(o), flush=True)))
         print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],

@@ -30,25 +30,30 @@ def paged_attention(q_BTHE: Float[Array, "B T H E"], k_BTKE: Float[Array, "B T K
 
     ``k_pool``/``v_pool`` are the whole pool [layers, blocks, block_size, kv_heads, head_dim]; ``layer`` picks the
     layer inside the gather itself, so no per-layer copy of the pool is made. ``block_table_BW`` lists each row's
-    blocks in order (entries past the row's length may be anything: they are masked). Scores and softmax are fp32.
+    blocks in order (entries past the row's length may be anything: they are masked); it must cover ``ctx_len`` and
+    may be narrower than the row's whole table (``W = 0``: no cached context). Scores and softmax are fp32.
     """
     b, t, h, e = q_BTHE.shape
     kv = k_BTKE.shape[2]
     g = h // kv
     w, s = block_table_BW.shape[1], k_pool.shape[2]
     scale = e ** -0.5
+    q = q_BTHE.reshape(b, t, kv, g, e)
+    dt = q.dtype
+    new_ok = jnp.tril(jnp.ones((t, t), dtype=bool))  # [T, T]
+    neg = jnp.finfo(jnp.float32).min
+    sc_new = jnp.einsum("btkge,bske->bkgts", q, k_BTKE.astype(dt), preferred_element_type=jnp.float32) * scale
+    sc_new = jnp.where(new_ok[None, None, None], sc_new, neg)
+    if w == 0:  # no cached context (a first prefill): causal attention over the new tokens only
+        p_new = jax.nn.softmax(sc_new, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bske->btkge", p_new, v_BTKE.astype(dt), preferred_element_type=jnp.float32)
+        return out.reshape(b, t, h, e).astype(q_BTHE.dtype)
     # Gather the row's blocks of this layer: [B, W, S, K, E] -> [B, W*S, K, E].
     k_cache = k_pool[layer, block_table_BW].reshape(b, w * s, kv, e)
     v_cache = v_pool[layer, block_table_BW].reshape(b, w * s, kv, e)
-    q = q_BTHE.reshape(b, t, kv, g, e)
-    dt = q.dtype
     sc_cache = jnp.einsum("btkge,bske->bkgts", q, k_cache.astype(dt), preferred_element_type=jnp.float32) * scale
-    sc_new = jnp.einsum("btkge,bske->bkgts", q, k_BTKE.astype(dt), preferred_element_type=jnp.float32) * scale
     cache_ok = jnp.arange(w * s)[None, :] < ctx_len_B[:, None]  # [B, W*S]
-    new_ok = jnp.tril(jnp.ones((t, t), dtype=bool))  # [T, T]
-    neg = jnp.finfo(jnp.float32).min
     sc_cache = jnp.where(cache_ok[:, None, None, None, :], sc_cache, neg)
-    sc_new = jnp.where(new_ok[None, None, None], sc_new, neg)
     probs = jax.nn.softmax(jnp.concatenate([sc_cache, sc_new], axis=-1), axis=-1)
     p_cache, p_new = probs[..., : w * s].astype(dt), probs[..., w * s:].astype(dt)
     out = (jnp.einsum("bkgts,bske->btkge", p_cache, v_cache.astype(dt), preferred_element_type=jnp.float32)

@@ -5,7 +5,7 @@ static model config and block size. The row state is the part of the batch that 
 the host can dispatch the next chunk before it has read the previous one: a ``RowState`` pytree (token, len,
 n_gen, done; [R] each).
 
-``R`` is the engine's maximum batch; a decode chunk works on the first ``b`` rows (a batch bucket). Per-row sampling
+``R`` is the engine's maximum batch; a decode chunk works on ``b`` of them (a batch bucket), picked by index. Per-row sampling
 settings are sent with every call (``RowConfig``): they are tiny and keep the device state minimal.
 """
 
@@ -125,19 +125,22 @@ def _hits_stop(tokens_B, stop_ids_BS):
 
 
 def prefill(params, pool: Pool, state: RowState, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Array, "B"],
-            new_len_B: Int[Array, "B"], table_BW: Int[Array, "B W"], slot_B: Int[Array, "B"], rows: RowConfig, *,
-            cfg: Qwen3Config, block_size: int):
+            new_len_B: Int[Array, "B"], table_BW: Int[Array, "B W"], ctx_table_BC: Int[Array, "B C"],
+            slot_B: Int[Array, "B"], rows: RowConfig, *, cfg: Qwen3Config, block_size: int):
     """Computes the uncached part of each prompt and samples its first token.
 
     Row ``b`` has ``ctx_len[b]`` prompt tokens already in the pool and ``new_len[b]`` (≥ 1) new ones in
-    ``tokens[b, :new_len]``. Padding rows have ``slot`` out of range (their state update is dropped) and an all-zero
+    ``tokens[b, :new_len]``. The new tokens' K/V are written through ``table`` (wide enough for ctx + new); the
+    attention reads the cached part through ``ctx_table`` (the first ``C`` ≥ ⌈ctx_len / block_size⌉ entries of the
+    same tables), so its cost follows the cached context, not the table width (``C = 0``: nothing is cached, no
+    cache read at all). Padding rows have ``slot`` out of range (their state update is dropped) and an all-zero
     table (their writes go to the trash block). Returns (pool, state, first_token [B], first_logprob [B],
     done [B]); the state rows ``slot`` are reset to the new requests.
     """
     b, t = tokens_BT.shape
     positions = ctx_len_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     valid = jnp.arange(t)[None] < new_len_B[:, None]
-    hidden, unembed, kv = run_model(params, cfg, pool, tokens_BT, positions, table_BW, ctx_len_B)
+    hidden, unembed, kv = run_model(params, cfg, pool, tokens_BT, positions, ctx_table_BC, ctx_len_B)
     pool = write_kv(pool, kv["k"], kv["v"], write_slots(table_BW, positions, valid, block_size))
     last = jnp.take_along_axis(hidden, (new_len_B - 1)[:, None, None], axis=1)[:, 0]
     logits = jnp.einsum("bd,dv->bv", last, unembed, preferred_element_type=jnp.float32)
@@ -148,9 +151,11 @@ def prefill(params, pool: Pool, state: RowState, tokens_BT: Int[Array, "B T"], c
     return pool, state, tok, lp, done
 
 
-def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"], alive_B: Bool[Array, "B"],
-                 rows: RowConfig, *, cfg: Qwen3Config, block_size: int, steps: int):
-    """Decodes up to ``steps`` tokens for the first ``B`` rows in one ``lax.while_loop``.
+def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], table_BW: Int[Array, "B W"],
+                 alive_B: Bool[Array, "B"], rows: RowConfig, *, cfg: Qwen3Config, block_size: int, steps: int):
+    """Decodes up to ``steps`` tokens for the engine rows ``index`` (padding: out of range, not alive) in one
+    ``lax.while_loop``. The engine may run several chunks a round, each over the rows of one context-length class
+    with a table (and so a window) only as wide as that class needs.
 
     Rows not ``alive`` (retired or cancelled on the host) are finished before the first step. The loop stops early
     once every row is done. On the reference backend the rows' context is gathered once per chunk into a dense
@@ -159,7 +164,7 @@ def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"
     """
     b, w = table_BW.shape
     window = uses_window(pool, b, w)
-    st = jax.tree.map(lambda v: v[:b], state)
+    st = jax.tree.map(lambda v: jnp.take(v, index_B, axis=0, mode="clip"), state)
     done0 = st.done | ~alive_B
     out_tok = jnp.full((b, steps), -1, jnp.int32)
     out_lp = jnp.zeros((b, steps), jnp.float32)
@@ -193,7 +198,7 @@ def decode_chunk(params, pool: Pool, state: RowState, table_BW: Int[Array, "B W"
            ] if window else []
     carry = (jnp.int32(0), pool, win, st.token, st.len, st.n_gen, done0, out_tok, out_lp)
     _, pool, _, tok, ln, ng, done, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
-    state = state.set_rows(slice(0, b), RowState(token=tok, len=ln, n_gen=ng, done=done))
+    state = state.set_rows(index_B, RowState(token=tok, len=ln, n_gen=ng, done=done), mode="drop")
     return pool, state, out_tok, out_lp
 
 

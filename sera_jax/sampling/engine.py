@@ -9,9 +9,10 @@ Usage::
     engine.load_weights(trainer_params)                # on-device reshard + cast; bumps result.policy_version
 
 A background driver thread owns the device loop, so the event loop (agents, env RPCs) keeps running while the device
-decodes. Each round it admits waiting requests, dispatches one prefill call and one decode chunk (a jitted
-``lax.while_loop``), and only then parses the previous round's outputs: the device never waits for the host's
-parsing. Cancelling the awaiting coroutine frees the request's slot and blocks.
+decodes. Each round it admits waiting requests, dispatches one prefill call and the decode chunks (a jitted
+``lax.while_loop`` each; rows of very different context lengths may go in separate chunks, see
+``EngineConfig.decode_groups``), and only then parses the previous round's outputs: the device never waits for the
+host's parsing. Cancelling the awaiting coroutine frees the request's slot and blocks.
 
 Parameter layout: the sampler keeps its own copy of the weights in ``EngineConfig.dtype`` laid out by ``rules``
 (default ``SAMPLE_RULES``: a replica per ``data`` group, tensor-parallel over ``tensor``). With ``mesh=None`` the
@@ -211,13 +212,13 @@ class Engine:
         pb = self.sched.plan_prefill()
         if pb is not None:
             self.pool, self.state, tok, lp, _ = self._prefill(
-                self.params, self.pool, self.state, pb.tokens, pb.ctx_len, pb.new_len, pb.table, pb.slot, pb.rows)
+                self.params, self.pool, self.state, pb.tokens, pb.ctx_len, pb.new_len, pb.table, pb.ctx_table, pb.slot,
+                pb.rows)
             self.sched.prefill_dispatched(pb)
             out.append(("prefill", pb, tok, lp))
-        db = self.sched.plan_decode()
-        if db is not None:
-            self.pool, self.state, ot, ol = self._decode(self.params, self.pool, self.state, db.table, db.alive,
-                                                         db.rows)
+        for db in self.sched.plan_decode():
+            self.pool, self.state, ot, ol = self._decode(self.params, self.pool, self.state, db.index, db.table,
+                                                         db.alive, db.rows)
             out.append(("decode", db, ot, ol))
         return out
 
@@ -241,20 +242,20 @@ class Engine:
                 raise RuntimeError("warmup() needs an idle engine (it runs padding-only device calls)")
             c, bk, rows = self.config, self.buckets, self.sched.row_cfg
             w_max = c.max_blocks_per_seq
-            for b in bk["prefill_batch"]:
-                for t in bk["prefill_len"]:
-                    if b > bk["prefill_batch"][0] and b * t > c.max_prefill_tokens:
-                        continue
-                    rc = {k: np.zeros((b,) + v.shape[1:], v.dtype) for k, v in rows.items()}
-                    self.pool, self.state, *_ = self._prefill(
-                        self.params, self.pool, self.state, np.zeros((b, t), np.int32), np.zeros(b, np.int32),
-                        np.ones(b, np.int32), np.zeros((b, w_max), np.int32), np.full(b, self.sched.rows, np.int32),
-                        rc)
+            for b, t, cb in itertools.product(bk["prefill_batch"], bk["prefill_len"], bk["prefill_ctx"]):
+                if b > bk["prefill_batch"][0] and b * t > c.max_prefill_tokens:
+                    continue
+                rc = {k: np.zeros((b,) + v.shape[1:], v.dtype) for k, v in rows.items()}
+                self.pool, self.state, *_ = self._prefill(
+                    self.params, self.pool, self.state, np.zeros((b, t), np.int32), np.zeros(b, np.int32),
+                    np.ones(b, np.int32), np.zeros((b, w_max), np.int32), np.zeros((b, cb), np.int32),
+                    np.full(b, self.sched.rows, np.int32), rc)
             for b in bk["batch"]:
                 for w in bk["width"]:
                     rc = {k: v[:b].copy() for k, v in rows.items()}
                     self.pool, self.state, *_ = self._decode(
-                        self.params, self.pool, self.state, np.zeros((b, w), np.int32), np.zeros(b, bool), rc)
+                        self.params, self.pool, self.state, np.full(b, self.sched.rows, np.int32),
+                        np.zeros((b, w), np.int32), np.zeros(b, bool), rc)
             jax.block_until_ready(self.state)
         return self.compile_count() - before
 

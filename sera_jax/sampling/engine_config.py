@@ -5,8 +5,8 @@ seen) no mix of requests compiles anything new:
 
 * decode chunks: ``[b rows, W table blocks]`` with ``b`` in ``batch_buckets`` and ``W`` in ``width_buckets``;
 * prefill calls: ``[B rows, T tokens]`` with ``B`` in ``prefill_batch_buckets`` and ``T`` in ``prefill_len_buckets``
-  (prompts longer than the largest ``T`` are prefilled in pieces, each a continuation past the cached part), and a
-  table as wide as the longest sequence (prefill is compute-bound; the extra masked columns are cheap).
+  (prompts longer than the largest ``T`` are prefilled in pieces, each a continuation past the cached part), whose
+  attention reads ``C`` blocks of cached context, ``C`` in ``prefill_ctx_buckets`` (0: a first prefill reads none).
 
 Batch buckets are rounded up to multiples of the mesh's ``data`` size, because SAMPLE_RULES split rows over it.
 """
@@ -38,19 +38,23 @@ def cpu_shapes(max_batch: int, max_context: int, block_size: int = 16) -> dict[s
     """Returns the EngineConfig fields for the reference (CPU) backend: few shapes, because each compiles in seconds
     there, and prefill pieces of at most 512 tokens in short length buckets.
 
-    The reference prefill attends over the whole table width, so its cost grows with (piece length × context): a
-    (2 × 1,024) prefill call of the tiny policy took 716 ms against 238 ms for (2 × 512) and 19 ms for (2 × 128), and
-    a 48-task evaluation went from 105 s (buckets 512/1,024) to 60 s (64/128/256/512) with the same tokens. Decode
-    rows come in powers of two from 8 up to ``max_batch``: an evaluation at concurrency 16 keeps ~8 of its 32 rows
-    live, and computing only the live slots' bucket took ``tools/bench_decode.py``'s workload from 594 to 954
-    tokens/s for one more compiled shape. Decode keeps one width (the full table): width buckets of 512/1,024 tokens
-    measured no faster (a batch holds some long context almost always). Prefill batches stay at 2: 8 rows padded to
-    the whole width was slower (613 tokens/s).
+    Measured on ``tools/bench_decode.py``'s workload (the tiny policy replaying a real evaluation's turns, 2 cores):
+
+    * Prefill reads only a row's cached context (``prefill_ctx_buckets``: none, a quarter, a half or the whole
+      table), not the whole table: the workload's prefill time halved (3.8 → 1.9 s for 32 agents). Prefill pieces
+      are at most 512 tokens in 64/128/256/512 buckets; finer length buckets (32..384) computed less but compiled 12
+      more shapes, a wash on the 147-task evaluation (69.5 vs 72 s). Prefill batches stay at 2: 4 rows was slower.
+    * Decode rows come in powers of two from 8 up to ``max_batch`` (an evaluation at concurrency 16 keeps ~9 of its
+      32 rows live), and a round's rows are split into up to two chunks by the width they need (a quarter, a half or
+      the whole table): a decode step reads each row's whole window, 3.7 ms for 16 rows at 1,024 tokens against
+      1.6 at 512 and 1.0 at 256, so short rows no longer pay for the longest (decode time 2.8 → 1.7 s).
     """
     max_prefill = min(512, max_context)
     lens = tuple(n for n in (64, 128, 256) if n < max_prefill) + (max_prefill,)
     rows = tuple(1 << k for k in range(3, max(3, (max_batch - 1).bit_length())) if 1 << k < max_batch) + (max_batch,)
-    return dict(batch_buckets=rows, width_buckets=(math.ceil(max_context / block_size),),
+    width = math.ceil(max_context / block_size)
+    ctx = tuple(sorted({0, width, *(width >> k for k in (2, 1) if width >> k)}))
+    return dict(batch_buckets=rows, width_buckets=ctx[1:], decode_groups=2, prefill_ctx_buckets=ctx,
                 prefill_batch_buckets=(2,), max_prefill_batch=2, prefill_len_buckets=lens,
                 max_prefill_len=max_prefill, max_prefill_tokens=max(8192, 2 * max_prefill))
 
@@ -68,6 +72,7 @@ class EngineConfig:
     num_blocks: int = 1024  # including the reserved trash block
     max_context: int = 4096  # prompt + completion tokens per request
     chunk_steps: int = 16  # decode steps per device call
+    decode_groups: int = 1  # decode calls per round at most, each over rows of similar context length
     max_prefill_len: int = 2048  # tokens of one request per prefill call (longer prompts go in pieces)
     max_prefill_batch: int = 8
     max_prefill_tokens: int = 8192  # rows × padded length of one prefill call
@@ -79,11 +84,15 @@ class EngineConfig:
     prefill_batch_buckets: tuple[int, ...] = ()  # default: powers of two up to max_prefill_batch
     prefill_len_buckets: tuple[int, ...] = ()  # default: powers of two from min_prefill_len to max_prefill_len
     width_buckets: tuple[int, ...] = ()  # default: powers of two up to the blocks of max_context
+    # Blocks of cached context a prefill call's attention reads (0 allowed: a first prefill reads none). Default:
+    # the whole table only (the Pallas kernel reads just the live blocks anyway); the CPU reference sets a few.
+    prefill_ctx_buckets: tuple[int, ...] = ()
     compiler_options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         errors = []
-        for name in ("max_batch", "block_size", "num_blocks", "max_context", "chunk_steps", "max_prefill_len",
+        for name in ("max_batch", "block_size", "num_blocks", "max_context", "chunk_steps", "decode_groups",
+                     "max_prefill_len",
                      "max_prefill_batch", "max_prefill_tokens", "min_prefill_len"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name} must be positive, got {getattr(self, name)}")
@@ -101,7 +110,8 @@ class EngineConfig:
         return math.ceil(self.max_context / self.block_size)
 
     def buckets(self, data_size: int = 1) -> dict[str, tuple[int, ...]]:
-        """Returns the resolved buckets {"batch", "prefill_batch", "prefill_len", "width"} for a mesh data size."""
+        """Returns the resolved buckets {"batch", "prefill_batch", "prefill_len", "width", "prefill_ctx"} for a mesh data
+        size."""
         def rounded(bs):
             return tuple(sorted({math.ceil(b / data_size) * data_size for b in bs}))
 
@@ -112,8 +122,13 @@ class EngineConfig:
         width = tuple(sorted(self.width_buckets)) or _pow2_upto(1, self.max_blocks_per_seq)
         if width[-1] < self.max_blocks_per_seq:
             width = width + (self.max_blocks_per_seq,)
+        ctx = tuple(sorted(set(self.prefill_ctx_buckets))) or (self.max_blocks_per_seq,)
+        if ctx[0] < 0:
+            raise ValueError(f"prefill_ctx_buckets must be ≥ 0, got {ctx}")
+        if ctx[-1] < self.max_blocks_per_seq:
+            ctx = ctx + (self.max_blocks_per_seq,)
         if pbatch[-1] < self.max_prefill_batch or batch[-1] < self.max_batch:
             raise ValueError("batch buckets must reach max_batch and prefill batch buckets max_prefill_batch")
         if plen[-1] < self.max_prefill_len:
             raise ValueError(f"prefill_len_buckets must reach max_prefill_len={self.max_prefill_len}")
-        return {"batch": batch, "prefill_batch": pbatch, "prefill_len": plen, "width": width}
+        return {"batch": batch, "prefill_batch": pbatch, "prefill_len": plen, "width": width, "prefill_ctx": ctx}

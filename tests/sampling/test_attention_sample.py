@@ -94,3 +94,24 @@ def test_window_decode_equals_paged_decode():
     k2, v2 = append_window(k_win, v_win, k_new, v_new, np.full(b, w * s, np.int32))
     np.testing.assert_array_equal(k2, k_win)
     np.testing.assert_array_equal(v2, v_win)
+
+
+def test_prefill_attention_reads_only_the_cached_blocks():
+    """A prefill's attention over a table cut to its cached blocks (none at all for a first prefill) equals the
+    attention over the row's whole table: what lies past ``ctx_len`` never counts."""
+    rs = np.random.RandomState(2)
+    layers, b, t, h, kv, e, s, n_blocks, w = 1, 3, 5, 4, 2, 8, 4, 40, 8
+    k_pool = jnp.asarray(rs.randn(layers, n_blocks, s, kv, e).astype(np.float32))
+    v_pool = jnp.asarray(rs.randn(layers, n_blocks, s, kv, e).astype(np.float32))
+    table = rs.permutation(np.arange(1, n_blocks))[: b * w].reshape(b, w).astype(np.int32)
+    q = rs.randn(b, t, h, e).astype(np.float32)
+    k_new, v_new = rs.randn(2, b, t, kv, e).astype(np.float32)
+    for ctx, c in ((np.array([0, 3, 8], np.int32), 2), (np.zeros(3, np.int32), 0)):
+        want = paged_attention(q, k_new, v_new, k_pool, v_pool, jnp.int32(0), table, ctx)
+        got = paged_attention(q, k_new, v_new, k_pool, v_pool, jnp.int32(0), table[:, :c], ctx)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    # And the cut is not a no-op: with cached tokens, dropping their blocks changes the answer.
+    ctx = np.array([0, 3, 8], np.int32)
+    short = paged_attention(q, k_new, v_new, k_pool, v_pool, jnp.int32(0), table[:, :1], np.minimum(ctx, 4))
+    assert np.abs(np.asarray(short) - np.asarray(paged_attention(q, k_new, v_new, k_pool, v_pool, jnp.int32(0),
+                                                                     table, ctx))).max() > 1e-3

@@ -126,3 +126,33 @@ def test_stop_ids_and_multi_token_stop_strings(engine):
     # '</python>' assembled from several pieces.
     text_ids = [6, 7, 5]  # "</" "python" ">"
     assert tok.decode(text_ids) == "</python>"
+
+
+def test_decode_split_by_context_length_computes_the_same_tokens(cfg, params, ref):
+    """With ``decode_groups=2`` a round's short rows decode in a narrow chunk and its long rows in a wide one, and
+    prefill reads only the cached blocks; the tokens and logprobs are still the trainer's."""
+    ec = engine_config(decode_groups=2, batch_buckets=(4, 8), width_buckets=(4, 16), prefill_ctx_buckets=(0, 4, 16))
+    eng = Engine(cfg, params, ec, seed=7)
+    shapes = []
+    decode = eng._decode
+
+    def spy(params, pool, state, index, table, alive, rows):
+        shapes.append((table.shape, int(alive.sum())))
+        return decode(params, pool, state, index, table, alive, rows)
+
+    eng._decode = spy
+    try:
+        prompts = random_prompts(21, 3, 3, 10) + random_prompts(22, 2, 80, 100)
+        results = run([eng.generate(p, GREEDY) for p in prompts])
+        for p, r in zip(prompts, results):
+            assert list(r.token_ids) == ref.greedy(p, 20)
+            assert np.max(np.abs(np.asarray(r.logprobs) - ref.logprobs(p, r.token_ids))) <= 1e-4
+        # A continuation past a cached prefix (prefill with a non-empty cached context) is exact too.
+        follow = prompts[0] + list(results[0].token_ids) + [1, 2, 3]
+        r = run(eng.generate(follow, GREEDY))
+        assert r.cached_prompt_tokens > 0 and list(r.token_ids) == ref.greedy(follow, 20)
+    finally:
+        eng.close()
+    widths = {w for (_, w), _ in shapes}
+    assert widths == {4, 16}, shapes  # the short rows got the narrow table, the long ones the wide one
+    assert all(live <= b for (b, _), live in shapes)
