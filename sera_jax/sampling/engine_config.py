@@ -110,8 +110,8 @@ class EngineConfig:
         return math.ceil(self.max_context / self.block_size)
 
     def buckets(self, data_size: int = 1) -> dict[str, tuple[int, ...]]:
-        """Returns the resolved buckets {"batch", "prefill_batch", "prefill_len", "width", "prefill_ctx"} for a mesh data
-        size."""
+        """Returns the resolved buckets {"batch", "prefill_batch", "prefill_len", "width", "prefill_ctx"} for a
+        mesh data size."""
         def rounded(bs):
             return tuple(sorted({math.ceil(b / data_size) * data_size for b in bs}))
 
