@@ -84,6 +84,9 @@ class MethodSection:
     # The rubric reward's LOO baseline over one task's ranked fork groups or the step's (see
     # rl.stages.MethodConfig); null = "task" (the paper).
     rubric_baseline_scope: Optional[Literal["task", "step"]] = None
+    # A control, not in the paper: -1 flips the sign of the rubric-generation stage's advantages only (the other
+    # stages learn as usual), so the rubric objective is pushed the wrong way; null = 1.
+    rubric_advantage_sign: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +201,9 @@ class WarmStartSection:
     fail_prob: float = 0.25              # ... and sabotages a sub-agent with this one (failures for the scorer)
     exhaust_share: float = 0.0           # of the sabotaged sub-agents, those that run out of steps instead
     #                                      (0 in the tiny default: a warm start built with 0.5 acted far worse)
+    # How often the oracle's demo rubric names the delegated goal; otherwise a distractor item, and its demo scores
+    # judge the child against what the rubric names (oracle.py): < 1 makes the warm start's rubrics imperfect.
+    rubric_target_prob: float = 1.0
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply
@@ -238,7 +244,8 @@ class RunConfig:
                                            "max_rubric_tokens", "max_scoring_tokens", "branching_factor",
                                            "max_counterfactual_envs_per_rollout", "rubric_temperature",
                                            "rubric_filter_unranked_groups", "rubric_baseline_scope",
-                                           "rubric_stage_max_scoring_tokens", "ranking_margin")
+                                           "rubric_stage_max_scoring_tokens", "ranking_margin",
+                                           "rubric_advantage_sign")
                 if getattr(s, k) is not None}
         flag = s.delegation_filter_zero_variance_groups
         over["delegation_filter_zero_variance_groups"] = self.env.name == "textcraft" if flag is None else flag

@@ -87,6 +87,10 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(0 <= w.delegate_prob <= 1, "warmstart.delegate_prob", f"must lie in [0, 1], got {w.delegate_prob}")
     need(0 <= w.fail_prob <= 1, "warmstart.fail_prob", f"must lie in [0, 1], got {w.fail_prob}")
     need(0 <= w.exhaust_share <= 1, "warmstart.exhaust_share", f"must lie in [0, 1], got {w.exhaust_share}")
+    need(0 <= w.rubric_target_prob <= 1, "warmstart.rubric_target_prob",
+         f"must lie in [0, 1], got {w.rubric_target_prob}")
+    need(w.rubric_target_prob == 1 or cfg.env.prompt_style == "compact", "warmstart.rubric_target_prob",
+         "< 1 (distractor rubrics) needs env.prompt_style: compact (the oracle reads the compact scoring prompt)")
     need(w.lr > 0, "warmstart.lr", f"must be positive, got {w.lr}")
     need(0 <= w.fork_demo_tasks <= w.demo_tasks, "warmstart.fork_demo_tasks",
          f"must lie in [0, warmstart.demo_tasks = {w.demo_tasks}], got {w.fork_demo_tasks}")

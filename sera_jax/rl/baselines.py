@@ -219,22 +219,30 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
                            scale=method.discrimination_scale)
         if method.rubric_filter_unranked_groups and not any(d.trainable for d in ds):  # only the placeholder
             return GroupCredit([], False)
-        return GroupCredit(assign_rubric_advantages(ds), True)
+        return GroupCredit(_signed(assign_rubric_advantages(ds), method.rubric_advantage_sign), True)
     raise ValueError(f"unknown stage {stage!r}")
+
+
+def _signed(datums: Sequence[Datum], sign: float) -> list[Datum]:
+    """Returns ``datums`` with trainable scalars times ``sign`` (the ``rubric_advantage_sign`` control)."""
+    if sign == 1.0:
+        return list(datums)
+    return [dataclasses.replace(d, scalar=sign * d.scalar) if d.trainable else d for d in datums]
 
 
 # ------------------------------------------------------------------------------------- the step's task groups
 
-def step_rubric_credit(groups: Sequence[GroupCredit]) -> list[GroupCredit]:
+def step_rubric_credit(groups: Sequence[GroupCredit], sign: float = 1.0) -> list[GroupCredit]:
     """Returns the step's rubric-generation task groups with every ranked fork group's advantage re-based on the
     leave-one-out mean of *all* the step's ranked groups (``method.rubric_baseline_scope = "step"``) instead of
     its own task's (§5.2). Each datum's ranking reward is read from ``meta["reward"]``; placeholders and other
-    stages' datums pass through. With K = 1 in the whole step the advantage is 0, as in §5.2."""
+    stages' datums pass through. With K = 1 in the whole step the advantage is 0, as in §5.2. ``sign`` is
+    ``method.rubric_advantage_sign`` (-1: the flipped control)."""
     live = [d for g in groups for d in g.datums if d.trainable and d.objective == "rubric_generation"]
     if not live:
         return list(groups)
     if any("reward" not in d.meta for d in live):
         raise ValueError("rubric datums carry no ranking reward (meta['reward']); built by rubric_datums?")
     adv = np.asarray(loo_advantages([d.meta["reward"] for d in live], [0] * len(live)))
-    new = {id(d): dataclasses.replace(d, scalar=float(a)) for d, a in zip(live, adv)}
+    new = {id(d): dataclasses.replace(d, scalar=sign * float(a)) for d, a in zip(live, adv)}
     return [GroupCredit([new.get(id(d), d) for d in g.datums], g.accepted) for g in groups]

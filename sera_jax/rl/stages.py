@@ -84,6 +84,8 @@ class MethodConfig:
     # §5.2) or of the whole step's accepted task groups ("step"). With few delegation points per task (the tiny
     # default forks one per tree), a task nearly always has K = 1 ranked group, whose advantage is 0 by §5.2.
     rubric_baseline_scope: str = "task"
+    # Not in the paper: a control that multiplies the rubric-generation stage's advantages by -1 (or 1: as is).
+    rubric_advantage_sign: float = 1.0
     # leaf_credit.*
     delegation_filter_zero_variance_groups: bool = True
     invalid_delegation_reward: float = 0.0
@@ -126,6 +128,8 @@ class MethodConfig:
             raise ValueError(f"rubric-generation ranking needs branching_factor ≥ 2, got {self.branching_factor}")
         if self.rubric_baseline_scope not in ("task", "step"):
             raise ValueError(f"rubric_baseline_scope must be 'task' or 'step', got {self.rubric_baseline_scope!r}")
+        if self.rubric_advantage_sign not in (1.0, -1.0):
+            raise ValueError(f"rubric_advantage_sign must be 1 or -1, got {self.rubric_advantage_sign}")
         if self.max_counterfactual_envs_per_rollout < 1:
             raise ValueError("max_counterfactual_envs_per_rollout must be ≥ 1")
         if len(parse_schedule(self.stage_schedule)) > 1 and self.max_head_offpolicyness != 0:

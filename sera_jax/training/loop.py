@@ -165,7 +165,7 @@ class Loop:
         t_end = time.monotonic()
         trees = stats.pop("tree_records")
         if pos.stage == "rubric_generation" and self.method.rubric_baseline_scope == "step":
-            groups = step_rubric_credit(groups)
+            groups = step_rubric_credit(groups, self.method.rubric_advantage_sign)
         metrics: dict[str, Any] = {"stage": pos.stage, "groups_accepted": len(groups), **stats,
                                    "time/rollout_s": t_end - t0}
         phases = phase_times(trace, t0, t_end)

@@ -146,7 +146,8 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
     world = tasks[0].payload.get("world") or {}
     book = recipe_book(int(world.get("seed", 42)), int(world.get("items_per_domain_tier", 25)))
     oracle = TextCraftOracle(book, tokenizer, max_depth=cfg.env.max_depth, delegate_prob=ws.delegate_prob,
-                             fail_prob=ws.fail_prob, exhaust_share=ws.exhaust_share, seed=ws.seed)
+                             fail_prob=ws.fail_prob, exhaust_share=ws.exhaust_share,
+                             rubric_target_prob=ws.rubric_target_prob, seed=ws.seed)
     gen = RecordingGenerator(tokenizer, oracle)
     settings = dataclasses.replace(runtime_settings(cfg), deterministic=False)
     method = cfg.method_config()
@@ -178,6 +179,8 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "refused_launches": sum(not d.child_ids for t in trees for d in t.delegations),
              "sabotaged_children": sabotaged,
+             "rubrics_naming_the_target": oracle.rubrics["target"],
+             "rubrics_naming_a_distractor": oracle.rubrics["distractor"],
              "goal_copy_datums": ws.copy_demos,
              "datums": len(datums), "trained_tokens": sum(d.num_trained for d in datums), **counts}
     return datums, stats

@@ -19,7 +19,12 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   and again (numbered cells: the runtime ends a repeating loop early) until its step budget runs out — a long
   failure, as a sampled policy's mostly are, whose scoring prompt the §1.3 budget cuts;
 - a rubric is a short JSON naming the delegated goal; a score is ``{"success": …, "final_score": …}`` from the
-  child's true outcome (sabotaged ⇒ 0).
+  child's true outcome (sabotaged ⇒ 0). With ``rubric_target_prob`` < 1 the rubric names the delegated goal only
+  that often and otherwise a *distractor* — another craftable item of the recipe book, in the same amount — and a
+  score judges the child against whatever its rubric's gate names (the gate is in the scoring prompt): a child
+  scored against a distractor scores 0 whatever it did. So the warm start's rubrics are imperfect by construction
+  and its scores follow them: ranking accuracy starts below 1, and only rubrics that name the real goal can raise
+  it (the self-evaluation setting, ``configs/tiny_selfeval.yaml``).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
@@ -37,6 +42,8 @@ _GOAL = re.compile(r"Your Goal: Craft the following items: ([^\n]*)")
 _TARGET = re.compile(r"(\d+)x ([A-Za-z0-9_]+)")
 _DELEGATED = re.compile(r"\[Delegated SubAgent Task\]\n([^\n]*)")
 _FORK_SCORE = re.compile(r".*:fg\d+:(.+#b\d+)")
+_SCORED_TASK = re.compile(r"\[Delegated Task\]\n([^\n]*)")
+_GATE = re.compile(r"gate: ([^\n]*) crafted")
 
 
 def reply(thought: str, code: str) -> str:
@@ -71,6 +78,11 @@ def scored_node(call_name: str) -> str:
     return m.group(1) if m else subject
 
 
+def goal_items(text: str) -> str:
+    """Returns the ``<n>x <item>`` goals of a goal line, normalised (for comparing a rubric's gate with a task)."""
+    return ", ".join(f"{n}x {item}" for n, item in _TARGET.findall(text))
+
+
 def score_text(success: bool) -> str:
     """Returns the oracle's score of a child that did (or did not) complete its task."""
     return json.dumps({"success": success, "final_score": 1.0 if success else 0.0})
@@ -80,8 +92,11 @@ class TextCraftOracle:
     """The oracle script (see the module docstring); ``sabotaged`` holds (tree id, node id) of failed children."""
 
     def __init__(self, book: RecipeBook, tokenizer: Any, *, max_depth: int = 2, delegate_prob: float = 0.85,
-                 fail_prob: float = 0.25, exhaust_share: float = 0.0, seed: int = 0):
+                 fail_prob: float = 0.25, exhaust_share: float = 0.0, rubric_target_prob: float = 1.0,
+                 seed: int = 0):
         self.book, self.tokenizer = book, tokenizer
+        self.rubric_target_prob = rubric_target_prob
+        self.rubrics = {"target": 0, "distractor": 0}
         self.max_depth, self.delegate_prob, self.fail_prob, self.seed = max_depth, delegate_prob, fail_prob, seed
         self.exhaust_share = exhaust_share
         self.plans: dict[tuple[str, str], list[str]] = {}
@@ -95,14 +110,45 @@ class TextCraftOracle:
         text = self.tokenizer.decode(list(prompt_ids))
         if info.node_id.startswith("rubric:"):
             m = _DELEGATED.search(text)
-            return rubric_text(m.group(1) if m else "")
+            goal = m.group(1) if m else ""
+            if self.rubric_target_prob < 1 and goal and \
+                    self._rng(info.tree_id, info.node_id, "rubric").random() >= self.rubric_target_prob:
+                self.rubrics["distractor"] += 1
+                return rubric_text(self.distractor(goal, (info.tree_id, info.node_id)))
+            self.rubrics["target"] += 1
+            return rubric_text(goal)
         if info.node_id.startswith("score:"):
-            return score_text((info.tree_id, scored_node(info.node_id)) not in self.sabotaged)
+            done = (info.tree_id, scored_node(info.node_id)) not in self.sabotaged
+            return score_text(done and self.gate_names_task(text))
         key = (info.tree_id, info.node_id)
         if key not in self.plans:
             self.plans[key] = self.plan(parse_targets(text), info.depth, key)
         replies = self.plans[key]
         return replies[min(info.turn, len(replies) - 1)]
+
+    def distractor(self, goal: str, key: tuple[str, str]) -> str:
+        """Returns ``goal`` with its first item replaced by another craftable item of its tier (same amount): a
+        plausible rubric target that is not the delegated one."""
+        found = _TARGET.search(goal)
+        if not found:
+            return goal
+        n, item = found.groups()
+        tier = next((v for v in self.book.items_by_tier.values() if item in v), ())
+        others = sorted(k for k in tier if k != item and self.book.can_craft(k)) or \
+            sorted(k for k in self.book.recipes if k != item)
+        other = self._rng(*key, "distractor").choice(others) if others else item
+        return goal[:found.start()] + f"{n}x {other}" + goal[found.end():]
+
+    def gate_names_task(self, score_prompt: str) -> bool:
+        """Returns whether the rubric in a scoring prompt names the delegated task's goal (always, without
+        distractors: the oracle's score is then the child's true outcome)."""
+        if self.rubric_target_prob >= 1:
+            return True
+        task, gate = _SCORED_TASK.search(score_prompt), _GATE.search(score_prompt)
+        if not (task and gate):
+            raise ValueError("the oracle's distractor rubrics need the compact scoring prompt ([Delegated Task], "
+                             "[Rubric] ... gate: ...); this scoring prompt has no such lines")
+        return goal_items(task.group(1)) == goal_items(gate.group(1))
 
     def child_context(self, child_depth: int) -> str:
         """Returns the launch context a parent gives a child at ``child_depth`` (empty below the depth limit)."""

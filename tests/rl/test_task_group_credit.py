@@ -115,5 +115,17 @@ def test_step_scope_rubric_baseline_pools_the_ranked_groups_of_every_task(bpe):
                                atol=1e-6)
     assert pooled[3].datums[0].trainable is False and pooled[3].datums[0].scalar == 0.0
     assert [d.scalar for g in step_rubric_credit(groups[:1]) for d in g.datums] == [0.0]   # K = 1 in the step
+    # The flipped control (method.rubric_advantage_sign = -1): the same advantages, negated, in both scopes.
+    flipped = step_rubric_credit(groups, -1.0)
+    np.testing.assert_allclose([g.datums[0].scalar for g in flipped[:3]], [-0.0666667, 0.0708333, -0.0041667],
+                               atol=1e-6)
+    task = dataclasses.replace(SERA, rubric_advantage_sign=-1.0)
+    two = [tree("e", [node("r")], fork_groups=[_fork_group(bpe, "g", [0.9, 0.5], [True, False]),
+                                                _fork_group(bpe, "h", [0.3, 0.5], [True, False])])]
+    plain = [d.scalar for d in task_group_credit("rubric_generation", two, SERA).datums]
+    assert plain and any(plain)
+    assert [d.scalar for d in task_group_credit("rubric_generation", two, task).datums] == [-a for a in plain]
+    with pytest.raises(ValueError, match="rubric_advantage_sign"):
+        dataclasses.replace(SERA, rubric_advantage_sign=0.5)
     with pytest.raises(ValueError, match="rubric_baseline_scope"):
         dataclasses.replace(SERA, rubric_baseline_scope="batch")

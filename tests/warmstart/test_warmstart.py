@@ -102,6 +102,32 @@ def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
             assert parse_score(text)[0].success is False
 
 
+def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
+    """With rubric_target_prob < 1 some demo rubrics name another item of the goal's tier, and a child scored against
+    one scores 0 although it crafted its goal: the warm start's rubrics rank imperfectly by construction."""
+    tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:6]
+    oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.0, rubric_target_prob=0.5)
+    children = {(t.id, n.id): n for t in trees for n in t.nodes.values()
+                if n.depth > 0 and n.rubric_score is not None}
+    assert children and all(n.env_labels["success"] == 1.0 for n in children.values())  # none sabotaged: all crafted
+    named = {k: n.rubric_score.rubric["success_gate"].removesuffix(" crafted") for k, n in children.items()}
+    goal = {k: n.goal.split("Craft the following items: ", 1)[1].split("\n")[0] for k, n in children.items()}
+    right = {k for k in named if named[k].split(" Context")[0] == goal[k].split(" Context")[0]}
+    wrong = set(named) - right
+    assert right and wrong, (named, goal)  # both kinds occur (draws at 1/2)
+    assert oracle.rubrics["distractor"] == len(wrong) and oracle.rubrics["target"] == len(right)
+    for k, n in children.items():
+        assert n.rubric_score.success == (k in right) and n.rubric_score.score == float(k in right)
+        if k in wrong:  # a distractor: same amount, another craftable item
+            (amount, item), (amount2, item2) = [x.split("x ", 1) for x in (named[k].split(",")[0],
+                                                                           goal[k].split(",")[0])]
+            assert amount == amount2 and item != item2 and recipe_book().can_craft(item.split(" ")[0])
+    # The default (1.0) keeps the old oracle: every rubric names the goal, every score is the true outcome.
+    oracle, _, trees = _run_oracle(cfg, tok, tasks[:2], delegate_prob=1.0, fail_prob=0.0)
+    assert oracle.rubrics["distractor"] == 0
+    assert all(n.rubric_score.success for t in trees for n in t.nodes.values() if n.rubric_score is not None)
+
+
 def test_exhausting_sabotage_runs_out_of_steps_and_is_scored_zero(cfg, tok):
     """With ``exhaust_share`` a sabotaged child never crafts its target: it repeats a lookup until its step budget
     ends (a long failure, like a sampled policy's), is not a demo itself, and its scoring call — whose prompt the

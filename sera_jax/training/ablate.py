@@ -1,0 +1,291 @@
+"""``sera-ablate``: the paper's comparison (Table 1) at a scale anyone can run — methods × seeds of one setting, in
+sequence, from one shared warm start, then one report.
+
+Each (method, seed) is a full default run (``default_run.run_default``: evaluation before, training, evaluation
+after, learning curve) in ``<out>/<method>/seed<seed>/``, on the base config with the method's overrides
+(``VARIANTS``). Every method starts from the same warm start (``<out>/warmstart``, built once from the base config's
+recipe: the method does not change which policy it starts from) and keeps the base config's number of updates;
+a method without a stage gives that stage's updates to execution (the paper's schedules, shortened as the base
+config shortens SERA's). A finished run (``run_record.json``) is never rerun, an interrupted one resumes from its
+checkpoints, so the command can be repeated until every run is done. Runs go seed by seed (every method's first
+seed, then the second, ...). The evaluation before training is the same measurement for every method of a seed
+(same warm start, evaluation and seed), so it runs once per seed and the other methods' runs reuse it.
+
+The report (``report.md``, ``report.json``, ``comparison.png``), per method over its seeds: held-out success
+after training (mean ± sample std) and its gain over before, delegation (training trees that delegate; delegations
+per evaluated tree), rubric quality at the first and last step that measured it (fork-group ranking accuracy and
+AUC at rubric-generation steps; scored sub-agents' ranking accuracy at execution steps), the rubric stage's loss
+and gradient norm, and wall time per step by stage, with each method's total against RAO's (the paper's SERA run
+cost 1.84× RAO's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from sera_jax.config import load_config
+from sera_jax.rl.stages import parse_schedule
+from sera_jax.training.metrics import read_metrics
+
+# slug -> (label, overrides, schedule rule). The rule maps the base schedule to the method's: "keep", "drop:<stage>"
+# (its updates go to execution) or a fixed schedule.
+VARIANTS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "sera": ("SERA", (), "keep"),
+    "sera_wo_d": ("SERA w/o D", ("method.name=sera_wo_d",), "drop:delegation"),
+    "sera_wo_d_rt": ("SERA w/o D & RT", ("method.name=sera_wo_d_rt",), "execution:1"),
+    "rao": ("RAO", ("method.name=rao",), "execution:1"),
+    # Controls for the self-evaluation question (not methods of the paper): the rubric objective removed, or pushed
+    # the wrong way (its advantages negated); the other stages as in SERA.
+    "sera_wo_rt": ("SERA w/o RT (control)", (), "drop:rubric_generation"),
+    "sera_rt_flipped": ("SERA, RT sign flipped (control)", ("method.rubric_advantage_sign=-1",), "keep"),
+}
+DEFAULT_METHODS = ("sera", "sera_wo_d", "sera_wo_d_rt", "rao")
+RECORD = "run_record.json"
+
+
+def method_schedule(base: str, rule: str) -> str:
+    """Returns the schedule of a method from the base config's SERA schedule (see ``VARIANTS``)."""
+    if rule == "keep":
+        return base
+    if not rule.startswith("drop:"):
+        parse_schedule(rule)
+        return rule
+    gone = rule.split(":", 1)[1]
+    parts = list(parse_schedule(base))
+    freed = sum(n for s, n in parts if s == gone)
+    out = [(s, n + (freed if s == "execution" else 0)) for s, n in parts if s != gone]
+    if not any(s == "execution" for s, _ in out):
+        out.insert(0, ("execution", freed))
+    return ",".join(f"{s}:{n}" for s, n in out)
+
+
+def run_overrides(base_cfg: Any, method: str, seed: int, run_dir: Path, warm_dir: Path) -> list[str]:
+    """Returns the ``a.b=c`` overrides that turn the base config into ``method``'s run for ``seed``."""
+    if method not in VARIANTS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(VARIANTS)}")
+    _, over, rule = VARIANTS[method]
+    schedule = method_schedule(base_cfg.method_config().stage_schedule, rule)
+    return [*over, f"method.stage_schedule={schedule}", f"train.seed={seed}", f"train.out_dir={run_dir}",
+            f"model.init_from={warm_dir}", "warmstart.enabled=false"]
+
+
+def _first_last(rows: Sequence[dict], key: str, stage: str | None = None) -> tuple[float | None, float | None]:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and (stage is None or r.get("stage") == stage)]
+    return (float(vals[0]), float(vals[-1])) if vals else (None, None)
+
+
+def _mean(xs) -> float | None:
+    xs = [float(x) for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
+
+
+def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Returns one run's numbers for the report, from its ``summary.json`` content and ``metrics.jsonl``."""
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "step"]
+    stages: dict[str, list[float]] = {}
+    for r in rows:
+        if isinstance(r.get("time/step_s"), (int, float)):
+            stages.setdefault(r.get("stage", "?"), []).append(float(r["time/step_s"]))
+    rubric_rows = [r for r in rows if r.get("stage") == "rubric_generation" and not r.get("skipped")]
+    after = json.loads((run_dir / "eval_after" / "report.json").read_text()) \
+        if (run_dir / "eval_after" / "report.json").is_file() else {}
+    tree_means = (after.get("tree_means") or [{}])[0]
+    rec = {
+        "success_before": summary.get("success_before"), "success_after": summary.get("success_after"),
+        "steps": len(rows), "skipped": sum(bool(r.get("skipped")) for r in rows),
+        "delegation_rate": _mean(r.get("delegation_rate") for r in rows),
+        "eval_delegations_per_tree": tree_means.get("delegations"),
+        "step_s_by_stage": {k: float(np.mean(v)) for k, v in stages.items()},
+        "steps_by_stage": {k: len(v) for k, v in stages.items()},
+        "train_s": float(sum(sum(v) for v in stages.values())), "wall_s": float(wall_s),
+        "rubric_loss": _mean(r.get("loss") for r in rubric_rows),
+        "rubric_grad_norm": _mean(r.get("grad_norm") for r in rubric_rows),
+        "ranking_accuracy_series": [r.get("rubric_ranking_accuracy") for r in rows
+                                    if r.get("stage") == "rubric_generation"],
+    }
+    for key, stage in (("rubric_ranking_accuracy", "rubric_generation"), ("rubric_ranking_auc", "rubric_generation"),
+                       ("subagent_score_accuracy", None), ("subagent_score_auc", None)):
+        rec[key + "_first"], rec[key + "_last"] = _first_last(rows, key, stage)
+    return rec
+
+
+def _ms(xs) -> tuple[float | None, float | None]:
+    xs = [float(x) for x in xs if x is not None]
+    if not xs:
+        return None, None
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0)
+
+
+def aggregate(records: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Returns per method: mean and sample std over seeds of every reported number."""
+    out = {}
+    for m, by_seed in records.items():
+        recs = list(by_seed.values())
+        row: dict[str, Any] = {"label": VARIANTS[m][0], "seeds": sorted(by_seed)}
+        for key in ("success_before", "success_after", "delegation_rate", "eval_delegations_per_tree", "train_s",
+                    "wall_s", "rubric_loss", "rubric_grad_norm", "rubric_ranking_accuracy_first",
+                    "rubric_ranking_accuracy_last", "rubric_ranking_auc_first", "rubric_ranking_auc_last",
+                    "subagent_score_accuracy_first", "subagent_score_accuracy_last"):
+            row[key] = _ms(r.get(key) for r in recs)
+        row["gain"] = _ms(r["success_after"] - r["success_before"] for r in recs
+                          if r.get("success_after") is not None and r.get("success_before") is not None)
+        stages = sorted({s for r in recs for s in r["step_s_by_stage"]})
+        row["step_s_by_stage"] = {s: _ms(r["step_s_by_stage"].get(s) for r in recs) for s in stages}
+        out[m] = row
+    if "rao" in out and out["rao"]["train_s"][0]:
+        for row in out.values():
+            row["train_s_vs_rao"] = row["train_s"][0] / out["rao"]["train_s"][0]
+    return out
+
+
+def _fmt(ms: tuple[float | None, float | None], digits: int = 1, scale: float = 1.0) -> str:
+    m, s = ms
+    if m is None:
+        return "—"
+    return f"{m * scale:.{digits}f} ± {s * scale:.{digits}f}"
+
+
+def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
+    """Returns the report as Markdown: the Table-1-style comparison, rubric quality, and cost."""
+    lines = [f"# {title}", "", "Held-out success (%), mean ± sample std over seeds:", "",
+             "| method | seeds | before | after | gain | delegating trees (train) | delegations / eval tree |",
+             "|---|---|---|---|---|---|---|"]
+    for m, r in agg.items():
+        lines.append(f"| {r['label']} | {len(r['seeds'])} | {_fmt(r['success_before'])} | "
+                     f"**{_fmt(r['success_after'])}** | {_fmt(r['gain'])} | {_fmt(r['delegation_rate'], 2)} | "
+                     f"{_fmt(r['eval_delegations_per_tree'], 2)} |")
+    lines += ["", "Rubric quality at the first → last step that measured it (fork groups: rubric-generation steps; "
+              "scored sub-agents: execution steps), and the rubric stage's update:", "",
+              "| method | fork-group ranking accuracy | fork-group AUC | sub-agent score ranking accuracy | "
+              "rubric loss | rubric grad norm |", "|---|---|---|---|---|---|"]
+    for m, r in agg.items():
+        lines.append(
+            f"| {r['label']} | {_fmt(r['rubric_ranking_accuracy_first'], 2)} → "
+            f"{_fmt(r['rubric_ranking_accuracy_last'], 2)} | {_fmt(r['rubric_ranking_auc_first'], 2)} → "
+            f"{_fmt(r['rubric_ranking_auc_last'], 2)} | {_fmt(r['subagent_score_accuracy_first'], 2)} → "
+            f"{_fmt(r['subagent_score_accuracy_last'], 2)} | {_fmt(r['rubric_loss'], 4)} | "
+            f"{_fmt(r['rubric_grad_norm'], 3)} |")
+    lines += ["", "Cost: seconds per training step by stage (rollouts + update), training total, and the whole "
+              "run (both evaluations included):", "",
+              "| method | execution | delegation | rubric generation | training total | vs RAO | whole run |",
+              "|---|---|---|---|---|---|---|"]
+    for m, r in agg.items():
+        st = r["step_s_by_stage"]
+        cells = [_fmt(st[s], 1) if s in st else "—" for s in ("execution", "delegation", "rubric_generation")]
+        vs = f"{r['train_s_vs_rao']:.2f}×" if "train_s_vs_rao" in r else "—"
+        lines.append(f"| {r['label']} | {' | '.join(cells)} | {_fmt(r['train_s'], 0)} s | {vs} | "
+                     f"{_fmt(r['wall_s'], 0)} s |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(agg: dict[str, dict[str, Any]], records: dict[str, dict[int, dict[str, Any]]], path: Path) -> Path:
+    """Writes ``comparison.png``: held-out success before/after per method (seeds as points) and fork-group ranking
+    accuracy per rubric-generation step (one line per run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8))
+    names = list(agg)
+    for i, m in enumerate(names):
+        seeds = records[m]
+        after = [r["success_after"] for r in seeds.values() if r.get("success_after") is not None]
+        before = [r["success_before"] for r in seeds.values() if r.get("success_before") is not None]
+        if after:
+            ax.bar(i, np.mean(after), yerr=np.std(after, ddof=1) if len(after) > 1 else 0, color="tab:blue",
+                   alpha=0.6, capsize=4, label="after" if i == 0 else None)
+            ax.scatter([i] * len(after), after, color="tab:blue", s=12, zorder=3)
+        if before:
+            ax.scatter([i] * len(before), before, color="0.3", marker="_", s=200, zorder=3,
+                       label="before" if i == 0 else None)
+        for seed, r in sorted(seeds.items()):
+            ys = [y for y in r["ranking_accuracy_series"]]
+            xs = [k for k, y in enumerate(ys) if y is not None]
+            if xs:
+                bx.plot(xs, [ys[k] for k in xs], marker="o", ms=3, lw=1, color=f"C{i}",
+                        label=agg[m]["label"] if seed == min(seeds) else None)
+    ax.set_xticks(range(len(names)), [agg[m]["label"] for m in names], rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("held-out success (%)")
+    ax.legend(fontsize=7)
+    bx.set_xlabel("rubric-generation step")
+    bx.set_ylabel("fork-group ranking accuracy")
+    bx.set_ylim(-0.05, 1.05)
+    if bx.get_legend_handles_labels()[0]:
+        bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str], seeds: Sequence[int],
+           out: str | Path, *, log: Callable[[str], None] = print,
+           run: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Runs every (method, seed) not yet finished under ``out``, then writes and returns the report."""
+    from sera_jax.training.default_run import run_default
+    from sera_jax.warmstart.sft import warm_start
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    base = load_config(list(paths), list(overrides))
+    bad = [m for m in methods if m not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown method(s) {bad}; choose from {', '.join(VARIANTS)}")
+    warm_dir = out / "warmstart"
+    warm_start(base, warm_dir, log=log)
+    run = run or run_default
+    records: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in methods}
+    for seed in seeds:  # seed-major: a partial report already compares every method
+        for m in methods:
+            run_dir = out / m / f"seed{seed}"
+            rec_path = run_dir / RECORD
+            if rec_path.is_file():
+                log(f"ablate: {m} seed {seed} already done ({rec_path})")
+            else:
+                cfg = load_config(list(paths), [*overrides, *run_overrides(base, m, seed, run_dir, warm_dir)])
+                log(f"ablate: {VARIANTS[m][0]} seed {seed}: schedule {cfg.method_config().stage_schedule}, "
+                    f"{cfg.train.total_steps} updates -> {run_dir}")
+                _share_before(out, methods, m, seed, run_dir)
+                t0 = time.monotonic()
+                summary = asyncio.run(run(cfg, out_dir=run_dir, log=log))
+                rec = {"method": m, "seed": seed, **run_record(run_dir, summary, time.monotonic() - t0)}
+                rec_path.write_text(json.dumps(rec, indent=1) + "\n")
+            records[m][seed] = json.loads(rec_path.read_text())
+    agg = aggregate(records)
+    title = f"Ablation: {', '.join(VARIANTS[m][0] for m in methods)} × seeds {', '.join(map(str, seeds))}"
+    (out / "report.md").write_text(markdown(agg, title) + "\n![comparison](comparison.png)\n")
+    report = {"methods": list(methods), "seeds": list(seeds), "config": [*paths], "overrides": [*overrides],
+              "per_method": agg, "runs": records}
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=_nan_safe) + "\n")
+    plot(agg, records, out / "comparison.png")
+    return report
+
+
+def _share_before(out: Path, methods: Sequence[str], method: str, seed: int, run_dir: Path) -> None:
+    """Copies the evaluation before training of another method's run of ``seed`` into ``run_dir`` (the same warm
+    start, evaluation config and seed: the same measurement), so it runs once per seed, not once per run."""
+    import shutil
+
+    mine = run_dir / "eval_before"
+    if (mine / "report.json").is_file():
+        return
+    for other in methods:
+        theirs = out / other / f"seed{seed}" / "eval_before"
+        if other != method and (theirs / "report.json").is_file():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(theirs, mine, dirs_exist_ok=True)
+            return
+
+
+def _nan_safe(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)

@@ -1,0 +1,72 @@
+"""sera-ablate's plan: each method's schedule keeps the base config's number of updates, every run starts from the
+shared warm start, and the report aggregates seeds (mean ± sample std) and costs against RAO."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sera_jax.config import load_config
+from sera_jax.training.ablate import aggregate, markdown, method_schedule, run_overrides, run_record
+
+
+def test_method_schedules_keep_the_number_of_updates():
+    base = "execution:6,delegation:1,rubric_generation:1"
+    assert method_schedule(base, "keep") == base
+    assert method_schedule(base, "drop:delegation") == "execution:7,rubric_generation:1"
+    assert method_schedule(base, "drop:rubric_generation") == "execution:7,delegation:1"
+    assert method_schedule(base, "execution:1") == "execution:1"
+    assert method_schedule("delegation:2,rubric_generation:1", "drop:delegation") == \
+        "execution:2,rubric_generation:1"
+
+
+def test_run_overrides_make_a_loadable_config_per_method(tmp_path):
+    base = load_config(["configs/tiny_cpu.yaml"])
+    for method, name, schedule, sign in (("sera", "sera", "execution:6,delegation:1,rubric_generation:1", 1.0),
+                                         ("rao", "rao", "execution:1", 1.0),
+                                         ("sera_wo_d", "sera_wo_d", "execution:7,rubric_generation:1", 1.0),
+                                         ("sera_rt_flipped", "sera", base.method_config().stage_schedule, -1.0)):
+        over = run_overrides(base, method, 354, tmp_path / method, tmp_path / "warm")
+        cfg = load_config(["configs/tiny_cpu.yaml"], over)
+        mc = cfg.method_config()
+        assert cfg.method.name == name and mc.stage_schedule == schedule and mc.rubric_advantage_sign == sign
+        assert cfg.train.seed == 354 and cfg.model.init_from == str(tmp_path / "warm")
+        assert not cfg.warmstart.enabled and cfg.train.total_steps == base.train.total_steps
+    assert load_config(["configs/tiny_cpu.yaml"], run_overrides(base, "rao", 1, tmp_path, tmp_path)) \
+        .method_config().execution_reward == "rao"
+    with pytest.raises(ValueError, match="unknown method"):
+        run_overrides(base, "sera_plus", 1, tmp_path, tmp_path)
+
+
+def _fake_run(tmp_path, name, before, after, acc, step_s):
+    d = tmp_path / name
+    (d / "eval_after").mkdir(parents=True)
+    (d / "eval_after" / "report.json").write_text(json.dumps({"tree_means": [{"delegations": 0.5}]}))
+    rows = [{"kind": "step", "stage": "execution", "time/step_s": step_s, "delegation_rate": 0.5,
+             "subagent_score_accuracy": 0.5},
+            {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
+             "rubric_ranking_accuracy": acc[0], "rubric_ranking_auc": acc[0], "loss": 0.1, "grad_norm": 1.0},
+            {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
+             "rubric_ranking_accuracy": acc[1], "rubric_ranking_auc": acc[1], "loss": 0.3, "grad_norm": 3.0}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_record(d, {"success_before": before, "success_after": after}, wall_s=100.0)
+
+
+def test_report_aggregates_seeds_and_costs(tmp_path):
+    recs = {"sera": {1: _fake_run(tmp_path, "s1", 20.0, 40.0, (0.5, 0.75), 10.0),
+                     2: _fake_run(tmp_path, "s2", 22.0, 30.0, (0.25, 0.75), 10.0)},
+            "rao": {1: _fake_run(tmp_path, "r1", 20.0, 35.0, (None, None), 5.0)}}
+    r = recs["sera"][1]
+    assert r["rubric_ranking_accuracy_first"] == 0.5 and r["rubric_ranking_accuracy_last"] == 0.75
+    assert r["rubric_loss"] == pytest.approx(0.2) and r["rubric_grad_norm"] == pytest.approx(2.0)
+    assert r["step_s_by_stage"] == {"execution": 10.0, "rubric_generation": 20.0} and r["train_s"] == 50.0
+    agg = aggregate(recs)
+    mean, std = agg["sera"]["success_after"]
+    assert mean == 35.0 and std == pytest.approx(np.std([40.0, 30.0], ddof=1))
+    assert agg["sera"]["gain"][0] == pytest.approx(14.0)
+    assert agg["sera"]["rubric_ranking_accuracy_first"][0] == pytest.approx(0.375)
+    assert agg["sera"]["train_s_vs_rao"] == pytest.approx(50.0 / 25.0) and agg["rao"]["train_s_vs_rao"] == 1.0
+    md = markdown(agg, "t")
+    assert "| SERA | 2 |" in md and "**35.0 ± 7.1**" in md and "2.00×" in md
