@@ -243,6 +243,7 @@ def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str
     warm_start(base, warm_dir, log=log)
     run = run or run_default
     records: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in methods}
+    failures: list[dict[str, Any]] = []
     for seed in seeds:  # seed-major: a partial report already compares every method
         for m in methods:
             run_dir = out / m / f"seed{seed}"
@@ -255,15 +256,25 @@ def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str
                     f"{cfg.train.total_steps} updates -> {run_dir}")
                 _share_before(out, methods, m, seed, run_dir)
                 t0 = time.monotonic()
-                summary = asyncio.run(run(cfg, out_dir=run_dir, log=log))
+                try:
+                    summary = asyncio.run(run(cfg, out_dir=run_dir, log=log))
+                except Exception as e:  # one failed run (e.g. NoTrainableData) is reported, the sweep goes on
+                    failures.append({"method": m, "seed": seed, "error": f"{type(e).__name__}: {e}"})
+                    log(f"ablate: {m} seed {seed} FAILED: {type(e).__name__}: {e} (rerun the command to retry it)")
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    (run_dir / "run_failed.json").write_text(json.dumps(failures[-1]) + "\n")
+                    continue
                 rec = {"method": m, "seed": seed, **run_record(run_dir, summary, time.monotonic() - t0)}
                 rec_path.write_text(json.dumps(rec, indent=1) + "\n")
             records[m][seed] = json.loads(rec_path.read_text())
+    records = {m: r for m, r in records.items() if r}
     agg = aggregate(records)
     title = f"Ablation: {', '.join(VARIANTS[m][0] for m in methods)} × seeds {', '.join(map(str, seeds))}"
-    (out / "report.md").write_text(markdown(agg, title) + "\n![comparison](comparison.png)\n")
+    failed = "".join(f"\n- FAILED: {f['method']} seed {f['seed']}: {f['error']}" for f in failures)
+    (out / "report.md").write_text(markdown(agg, title) + (f"\nRuns that failed (not in the tables):{failed}\n"
+                                                           if failed else "") + "\n![comparison](comparison.png)\n")
     report = {"methods": list(methods), "seeds": list(seeds), "config": [*paths], "overrides": [*overrides],
-              "per_method": agg, "runs": records}
+              "per_method": agg, "runs": records, "failed": failures}
     (out / "report.json").write_text(json.dumps(report, indent=1, default=_nan_safe) + "\n")
     plot(agg, records, out / "comparison.png")
     return report

@@ -70,3 +70,23 @@ def test_report_aggregates_seeds_and_costs(tmp_path):
     assert agg["sera"]["train_s_vs_rao"] == pytest.approx(50.0 / 25.0) and agg["rao"]["train_s_vs_rao"] == 1.0
     md = markdown(agg, "t")
     assert "| SERA | 2 |" in md and "**35.0 ± 7.1**" in md and "2.00×" in md
+
+
+def test_a_failed_run_is_reported_and_retried_not_fatal(tmp_path):
+    from sera_jax.training.ablate import ablate
+    from sera_jax.training.loop import NoTrainableData
+
+    calls = []
+
+    async def fails(cfg, out_dir, log):
+        calls.append(cfg.method.name)
+        raise NoTrainableData("20 skipped attempts in a row")
+
+    rep = ablate(["configs/tiny_cpu.yaml"], [], ["sera", "rao"], [7], tmp_path, run=fails, log=lambda s: None)
+    assert calls == ["sera", "rao"]  # the first failure did not stop the sweep
+    assert [(f["method"], f["seed"]) for f in rep["failed"]] == [("sera", 7), ("rao", 7)]
+    assert "NoTrainableData" in rep["failed"][0]["error"] and rep["runs"] == {}
+    assert "FAILED: sera seed 7" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "sera" / "seed7" / "run_failed.json").is_file()
+    ablate(["configs/tiny_cpu.yaml"], [], ["sera"], [7], tmp_path, run=fails, log=lambda s: None)
+    assert calls == ["sera", "rao", "sera"]  # not marked done: a rerun retries it
