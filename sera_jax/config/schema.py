@@ -204,6 +204,9 @@ class WarmStartSection:
     # How often the oracle's demo rubric names the delegated goal; otherwise a distractor item, and its demo scores
     # judge the child against what the rubric names (oracle.py): < 1 makes the warm start's rubrics imperfect.
     rubric_target_prob: float = 1.0
+    # What a missed demo rubric is: "distractor" (another item; scored against it, a child gets 0) or "vague" (no
+    # target; every child scored against it gets 0.5).
+    rubric_miss: Literal["distractor", "vague"] = "distractor"
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply

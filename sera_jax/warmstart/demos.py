@@ -147,7 +147,7 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
     book = recipe_book(int(world.get("seed", 42)), int(world.get("items_per_domain_tier", 25)))
     oracle = TextCraftOracle(book, tokenizer, max_depth=cfg.env.max_depth, delegate_prob=ws.delegate_prob,
                              fail_prob=ws.fail_prob, exhaust_share=ws.exhaust_share,
-                             rubric_target_prob=ws.rubric_target_prob, seed=ws.seed)
+                             rubric_target_prob=ws.rubric_target_prob, rubric_miss=ws.rubric_miss, seed=ws.seed)
     gen = RecordingGenerator(tokenizer, oracle)
     settings = dataclasses.replace(runtime_settings(cfg), deterministic=False)
     method = cfg.method_config()
@@ -181,6 +181,7 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
              "sabotaged_children": sabotaged,
              "rubrics_naming_the_target": oracle.rubrics["target"],
              "rubrics_naming_a_distractor": oracle.rubrics["distractor"],
+             "vague_rubrics": oracle.rubrics["vague"],
              "goal_copy_datums": ws.copy_demos,
              "datums": len(datums), "trained_tokens": sum(d.num_trained for d in datums), **counts}
     return datums, stats

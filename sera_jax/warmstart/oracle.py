@@ -24,7 +24,10 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   score judges the child against whatever its rubric's gate names (the gate is in the scoring prompt): a child
   scored against a distractor scores 0 whatever it did. So the warm start's rubrics are imperfect by construction
   and its scores follow them: ranking accuracy starts below 1, and only rubrics that name the real goal can raise
-  it (the self-evaluation setting, ``configs/tiny_selfeval.yaml``).
+  it. With ``rubric_miss="vague"`` a missed rubric names no target at all (gate "task done") and every child
+  scored against it gets the same 0.5: the scorer need not compare two names (a tiny model scores distractor
+  rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties (the
+  self-evaluation setting, ``configs/tiny_selfeval.yaml``).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
@@ -83,9 +86,21 @@ def goal_items(text: str) -> str:
     return ", ".join(f"{n}x {item}" for n, item in _TARGET.findall(text))
 
 
-def score_text(success: bool) -> str:
-    """Returns the oracle's score of a child that did (or did not) complete its task."""
-    return json.dumps({"success": success, "final_score": 1.0 if success else 0.0})
+def score_text(success: bool, value: float | None = None) -> str:
+    """Returns the oracle's score of a child that did (or did not) complete its task (``value``: another score)."""
+    return json.dumps({"success": success, "final_score": (1.0 if success else 0.0) if value is None else value})
+
+
+VAGUE_GATE = "task done"
+VAGUE_SCORE = 0.5
+
+
+def vague_rubric_text() -> str:
+    """Returns the oracle's vague rubric: it names no target, so the scores it leads to cannot tell children apart."""
+    return json.dumps({
+        "rubric_items": [{"name": "progress", "weight": 0.5, "description": "the sub-agent works on its task"},
+                         {"name": "finished", "weight": 0.5, "description": "the sub-agent calls finish"}],
+        "success_gate": VAGUE_GATE, "failure_conditions": ["no progress"]})
 
 
 class TextCraftOracle:
@@ -93,10 +108,13 @@ class TextCraftOracle:
 
     def __init__(self, book: RecipeBook, tokenizer: Any, *, max_depth: int = 2, delegate_prob: float = 0.85,
                  fail_prob: float = 0.25, exhaust_share: float = 0.0, rubric_target_prob: float = 1.0,
-                 seed: int = 0):
+                 rubric_miss: str = "distractor", seed: int = 0):
+        if rubric_miss not in ("distractor", "vague"):
+            raise ValueError(f"rubric_miss must be 'distractor' or 'vague', got {rubric_miss!r}")
+        self.rubric_miss = rubric_miss
         self.book, self.tokenizer = book, tokenizer
         self.rubric_target_prob = rubric_target_prob
-        self.rubrics = {"target": 0, "distractor": 0}
+        self.rubrics = {"target": 0, "distractor": 0, "vague": 0}
         self.max_depth, self.delegate_prob, self.fail_prob, self.seed = max_depth, delegate_prob, fail_prob, seed
         self.exhaust_share = exhaust_share
         self.plans: dict[tuple[str, str], list[str]] = {}
@@ -113,12 +131,16 @@ class TextCraftOracle:
             goal = m.group(1) if m else ""
             if self.rubric_target_prob < 1 and goal and \
                     self._rng(info.tree_id, info.node_id, "rubric").random() >= self.rubric_target_prob:
-                self.rubrics["distractor"] += 1
+                self.rubrics[self.rubric_miss] += 1
+                if self.rubric_miss == "vague":
+                    return vague_rubric_text()
                 return rubric_text(self.distractor(goal, (info.tree_id, info.node_id)))
             self.rubrics["target"] += 1
             return rubric_text(goal)
         if info.node_id.startswith("score:"):
             done = (info.tree_id, scored_node(info.node_id)) not in self.sabotaged
+            if self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text:
+                return score_text(True, VAGUE_SCORE)  # the same for every child: nothing to rank by
             return score_text(done and self.gate_names_task(text))
         key = (info.tree_id, info.node_id)
         if key not in self.plans:
@@ -142,7 +164,7 @@ class TextCraftOracle:
     def gate_names_task(self, score_prompt: str) -> bool:
         """Returns whether the rubric in a scoring prompt names the delegated task's goal (always, without
         distractors: the oracle's score is then the child's true outcome)."""
-        if self.rubric_target_prob >= 1:
+        if self.rubric_target_prob >= 1 or self.rubric_miss == "vague":
             return True
         task, gate = _SCORED_TASK.search(score_prompt), _GATE.search(score_prompt)
         if not (task and gate):

@@ -64,7 +64,7 @@ def recipe(cfg: Any) -> dict[str, Any]:
     if not ws["exhaust_share"]:  # named only when on, so recipes from before the setting stay valid
         del ws["exhaust_share"]
     if ws["rubric_target_prob"] == 1.0:  # likewise
-        del ws["rubric_target_prob"]
+        del ws["rubric_target_prob"], ws["rubric_miss"]
     e, r = cfg.env, cfg.rollout
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,

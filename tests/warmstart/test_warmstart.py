@@ -122,6 +122,16 @@ def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
             (amount, item), (amount2, item2) = [x.split("x ", 1) for x in (named[k].split(",")[0],
                                                                            goal[k].split(",")[0])]
             assert amount == amount2 and item != item2 and recipe_book().can_craft(item.split(" ")[0])
+    # Vague misses: no target named, every child scored against one gets 0.5 (a tie), the others their outcome.
+    oracle, _, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5, rubric_target_prob=0.5,
+                                   rubric_miss="vague")
+    scored = [n for t in trees for n in t.nodes.values() if n.depth > 0 and n.rubric_score is not None]
+    vague = [n for n in scored if n.rubric_score.rubric["success_gate"] == "task done"]
+    named = [n for n in scored if n not in vague]
+    assert vague and named and oracle.rubrics["vague"] == len(vague) and oracle.rubrics["distractor"] == 0
+    assert all(n.rubric_score.score == 0.5 for n in vague)
+    assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
+    assert {n.env_labels["success"] for n in scored} == {0.0, 1.0}  # sabotage still fails some children
     # The default (1.0) keeps the old oracle: every rubric names the goal, every score is the true outcome.
     oracle, _, trees = _run_oracle(cfg, tok, tasks[:2], delegate_prob=1.0, fail_prob=0.0)
     assert oracle.rubrics["distractor"] == 0
