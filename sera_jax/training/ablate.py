@@ -99,7 +99,8 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
     tree_means = (after.get("tree_means") or [{}])[0]
     rec = {
         "success_before": summary.get("success_before"), "success_after": summary.get("success_after"),
-        "steps": len(rows), "skipped": sum(bool(r.get("skipped")) for r in rows),
+        "attempts": len(rows),
+        "skipped": sum(bool(r.get("skipped_step", r.get("skipped"))) for r in rows),
         "delegation_rate": _mean(r.get("delegation_rate") for r in rows),
         "eval_delegations_per_tree": tree_means.get("delegations"),
         "step_s_by_stage": {k: float(np.mean(v)) for k, v in stages.items()},
