@@ -215,7 +215,8 @@ def plot(agg: dict[str, dict[str, Any]], records: dict[str, dict[int, dict[str, 
                         label=agg[m]["label"] if seed == min(seeds) else None)
     ax.set_xticks(range(len(names)), [agg[m]["label"] for m in names], rotation=20, ha="right", fontsize=7)
     ax.set_ylabel("held-out success (%)")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     bx.set_xlabel("rubric-generation step")
     bx.set_ylabel("fork-group ranking accuracy")
     bx.set_ylim(-0.05, 1.05)
