@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -208,7 +207,7 @@ def plot(agg: dict[str, dict[str, Any]], records: dict[str, dict[int, dict[str, 
             ax.scatter([i] * len(before), before, color="0.3", marker="_", s=200, zorder=3,
                        label="before" if i == 0 else None)
         for seed, r in sorted(seeds.items()):
-            ys = [y for y in r["ranking_accuracy_series"]]
+            ys = r["ranking_accuracy_series"]
             xs = [k for k, y in enumerate(ys) if y is not None]
             if xs:
                 bx.plot(xs, [ys[k] for k in xs], marker="o", ms=3, lw=1, color=f"C{i}",
@@ -277,7 +276,7 @@ def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str
                                                            if failed else "") + "\n![comparison](comparison.png)\n")
     report = {"methods": list(methods), "seeds": list(seeds), "config": [*paths], "overrides": [*overrides],
               "per_method": agg, "runs": records, "failed": failures}
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=_nan_safe) + "\n")
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     plot(agg, records, out / "comparison.png")
     return report
 
@@ -296,9 +295,3 @@ def _share_before(out: Path, methods: Sequence[str], method: str, seed: int, run
             run_dir.mkdir(parents=True, exist_ok=True)
             shutil.copytree(theirs, mine, dirs_exist_ok=True)
             return
-
-
-def _nan_safe(x):
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return str(x)
