@@ -184,6 +184,13 @@ class EvalSection:
     every: int = 0                       # evaluate every N optimizer steps during training (0 = never)
     best_of_n: int = 1                   # test-time selection (N = 2 in the paper's TextWorld runs; both envs here)
     fork_budget: int = 32
+    # The rubric probe (evaluation/rubric_probe.py): with > 0, the default run also measures the policy's rubrics on
+    # this many fixed held-out fork groups with both outcomes, before and after training (0 = off).
+    rubric_probe_groups: int = 0
+    rubric_probe_samples: int = 4        # rubrics written per group (each from its own key)
+    rubric_probe_set: Optional[str] = None  # the set's JSONL (null = <out_dir>/rubric_probe_set.jsonl); collected
+    #                                      by the starting policy when missing, then shared
+    rubric_probe_seed: int = 0           # which tasks and keys collect the set (not train.seed: seeds share it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +213,8 @@ class WarmStartSection:
     rubric_target_prob: float = 1.0
     # What a missed demo rubric is: "distractor" (another item; scored against it, a child gets 0) or "vague" (no
     # target; every child scored against it gets 0.5).
-    rubric_miss: Literal["distractor", "vague"] = "distractor"
+    # "generic": the vague rubric in the target rubric's template ("its goal" for the item; oracle.py).
+    rubric_miss: Literal["distractor", "vague", "generic"] = "distractor"
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply

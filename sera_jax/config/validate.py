@@ -68,15 +68,19 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
             v = getattr(getattr(cfg, section), f.name)
             if isinstance(v, int) and not isinstance(v, bool) and f.name not in ("seed", "every", "retries",
                                                                                   "speculative_groups_per_rank",
-                                                                                  "data_seed"):
+                                                                                  "data_seed", "rubric_probe_groups",
+                                                                                  "rubric_probe_seed"):
                 need(v > 0, f"{section}.{f.name}", f"must be positive, got {v}")
             if isinstance(v, int) and not isinstance(v, bool) and f.name in ("every", "retries",
-                                                                             "speculative_groups_per_rank"):
+                                                                             "speculative_groups_per_rank",
+                                                                             "rubric_probe_groups"):
                 need(v >= 0, f"{section}.{f.name}", f"must be ≥ 0, got {v}")
     need(cfg.env.max_depth <= 8, "env.max_depth", f"at most 8, got {cfg.env.max_depth}")
     need(cfg.rollout.trees_per_task >= 2, "rollout.trees_per_task", "leave-one-out baselines need at least 2")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
+    need(cfg.eval.rubric_probe_groups == 0 or cfg.env.name == "textcraft", "eval.rubric_probe_groups",
+         "the rubric probe needs TextCraft's programmatic branch labels (0 for other environments)")
     rtp = cfg.rollout.rubric_stage_tasks_per_step
     need(rtp is None or rtp > 0, "rollout.rubric_stage_tasks_per_step", f"must be positive (or null), got {rtp}")
     rst = cfg.rollout.rubric_stage_temperature

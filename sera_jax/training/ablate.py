@@ -15,8 +15,11 @@ The report (``report.md``, ``report.json``, ``comparison.png``), per method over
 after training (mean ± sample std) and its gain over before, delegation (training trees that delegate; delegations
 per evaluated tree), rubric quality at the first and last step that measured it (fork-group ranking accuracy and
 AUC at rubric-generation steps; scored sub-agents' ranking accuracy at execution steps), the rubric stage's loss
-and gradient norm, and wall time per step by stage, with each method's total against RAO's (the paper's SERA run
-cost 1.84× RAO's).
+and gradient norm, how many rubric steps had a gradient at all (≥ 2 ranked fork groups), and wall time per step by
+stage, with each method's total against RAO's (the paper's SERA run cost 1.84× RAO's). With the rubric probe on
+(``eval.rubric_probe_groups``), one probe set (``<out>/rubric_probe_set.jsonl``, collected by the warm start) is
+shared by every run, and the report adds each method's probe ranking accuracy, AUC and valid-rubric share before →
+after training, with the change as the mean of per-seed differences.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sera_jax.config import load_config
+from sera_jax.evaluation.rubric_probe import PROBE_FILE
 from sera_jax.rl.stages import parse_schedule
 from sera_jax.training.metrics import read_metrics
 
@@ -47,6 +51,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 DEFAULT_METHODS = ("sera", "sera_wo_d", "sera_wo_d_rt", "rao")
 RECORD = "run_record.json"
+PROBE_SET = "rubric_probe_set.jsonl"  # one probe set per ablation: every method and seed ranks the same groups
+PROBE_KEYS = ("ranking_accuracy", "ranking_auc", "rubric_valid", "ranked", "hinge_reward", "ranking_accuracy_all")
 
 
 def method_schedule(base: str, rule: str) -> str:
@@ -71,8 +77,9 @@ def run_overrides(base_cfg: Any, method: str, seed: int, run_dir: Path, warm_dir
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(VARIANTS)}")
     _, over, rule = VARIANTS[method]
     schedule = method_schedule(base_cfg.method_config().stage_schedule, rule)
+    probe = [f"eval.rubric_probe_set={warm_dir.parent / PROBE_SET}"] if base_cfg.eval.rubric_probe_groups > 0 else []
     return [*over, f"method.stage_schedule={schedule}", f"train.seed={seed}", f"train.out_dir={run_dir}",
-            f"model.init_from={warm_dir}", "warmstart.enabled=false"]
+            f"model.init_from={warm_dir}", "warmstart.enabled=false", *probe]
 
 
 def _first_last(rows: Sequence[dict], key: str, stage: str | None = None) -> tuple[float | None, float | None]:
@@ -110,6 +117,15 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
         "ranking_accuracy_series": [r.get("rubric_ranking_accuracy") for r in rows
                                     if r.get("stage") == "rubric_generation"],
     }
+    for when in ("before", "after"):
+        path = run_dir / f"eval_{when}" / PROBE_FILE
+        probe = json.loads(path.read_text()) if path.is_file() else {}
+        for k in PROBE_KEYS:
+            rec[f"probe_{k}_{when}"] = probe.get(k)
+    rubric_steps = [r for r in rubric_rows if isinstance(r.get("ranked_groups"), (int, float))]
+    rec["rubric_steps_trained"] = len(rubric_rows)
+    rec["rubric_steps_with_gradient"] = sum(1 for r in rubric_rows if r.get("ranked_groups", 0) >= 2)
+    rec["ranked_groups_per_rubric_step"] = _mean(r["ranked_groups"] for r in rubric_steps)
     for key, stage in (("rubric_ranking_accuracy", "rubric_generation"), ("rubric_ranking_auc", "rubric_generation"),
                        ("subagent_score_accuracy", None), ("subagent_score_auc", None)):
         rec[key + "_first"], rec[key + "_last"] = _first_last(rows, key, stage)
@@ -132,8 +148,14 @@ def aggregate(records: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[s
         for key in ("success_before", "success_after", "delegation_rate", "eval_delegations_per_tree", "train_s",
                     "wall_s", "rubric_loss", "rubric_grad_norm", "rubric_ranking_accuracy_first",
                     "rubric_ranking_accuracy_last", "rubric_ranking_auc_first", "rubric_ranking_auc_last",
-                    "subagent_score_accuracy_first", "subagent_score_accuracy_last"):
+                    "subagent_score_accuracy_first", "subagent_score_accuracy_last", "rubric_steps_trained",
+                    "rubric_steps_with_gradient", "ranked_groups_per_rubric_step",
+                    *(f"probe_{k}_{w}" for k in PROBE_KEYS for w in ("before", "after"))):
             row[key] = _ms(r.get(key) for r in recs)
+        for k in ("ranking_accuracy", "ranking_auc", "rubric_valid"):
+            row[f"probe_{k}_gain"] = _ms(r[f"probe_{k}_after"] - r[f"probe_{k}_before"] for r in recs
+                                         if r.get(f"probe_{k}_after") is not None
+                                         and r.get(f"probe_{k}_before") is not None)
         row["gain"] = _ms(r["success_after"] - r["success_before"] for r in recs
                           if r.get("success_after") is not None and r.get("success_before") is not None)
         stages = sorted({s for r in recs for s in r["step_s_by_stage"]})
@@ -172,6 +194,26 @@ def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
             f"{_fmt(r['rubric_ranking_auc_last'], 2)} | {_fmt(r['subagent_score_accuracy_first'], 2)} → "
             f"{_fmt(r['subagent_score_accuracy_last'], 2)} | {_fmt(r['rubric_loss'], 4)} | "
             f"{_fmt(r['rubric_grad_norm'], 3)} |")
+    if any(r["probe_ranking_accuracy_after"][0] is not None for r in agg.values()):
+        lines += ["", "The rubric probe (the same fixed held-out fork groups with both outcomes, several rubrics "
+                  "each, before → after training; accuracy and AUC over the groups whose rubric and scores were valid, "
+                  "change = mean of per-seed differences):", "",
+                  "| method | ranking accuracy | change | AUC | change | valid rubrics | change | ranked | "
+                  "hinge reward |", "|---|---|---|---|---|---|---|---|---|"]
+        for m, r in agg.items():
+            cells = []
+            for k in ("ranking_accuracy", "ranking_auc", "rubric_valid"):
+                cells += [f"{_fmt(r[f'probe_{k}_before'], 2)} → {_fmt(r[f'probe_{k}_after'], 2)}",
+                          _fmt(r[f"probe_{k}_gain"], 2)]
+            cells += [f"{_fmt(r['probe_ranked_before'], 2)} → {_fmt(r['probe_ranked_after'], 2)}",
+                      f"{_fmt(r['probe_hinge_reward_before'], 3)} → {_fmt(r['probe_hinge_reward_after'], 3)}"]
+            lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "Rubric-generation steps: trained, with ≥ 2 ranked fork groups (a non-zero rubric gradient), and "
+              "ranked fork groups per trained step:", "", "| method | trained | with gradient | ranked groups / step |",
+              "|---|---|---|---|"]
+    for m, r in agg.items():
+        lines.append(f"| {r['label']} | {_fmt(r['rubric_steps_trained'], 1)} | "
+                     f"{_fmt(r['rubric_steps_with_gradient'], 1)} | {_fmt(r['ranked_groups_per_rubric_step'], 2)} |")
     lines += ["", "Cost: seconds per training step by stage (rollouts + update), training total, and the whole "
               "run (both evaluations included):", "",
               "| method | execution | delegation | rubric generation | training total | vs RAO | whole run |",
@@ -186,15 +228,29 @@ def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
 
 
 def plot(agg: dict[str, dict[str, Any]], records: dict[str, dict[int, dict[str, Any]]], path: Path) -> Path:
-    """Writes ``comparison.png``: held-out success before/after per method (seeds as points) and fork-group ranking
-    accuracy per rubric-generation step (one line per run)."""
+    """Writes ``comparison.png``: held-out success before/after per method (seeds as points), the rubric probe's
+    ranking accuracy before → after per seed (when measured), and fork-group ranking accuracy per rubric-generation
+    step (one line per run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8))
+    probed = any(r.get("probe_ranking_accuracy_after") is not None for seeds in records.values()
+                 for r in seeds.values())
+    fig, axes = plt.subplots(1, 3 if probed else 2, figsize=(16 if probed else 11, 3.8))
+    ax, bx = axes[0], axes[-1]
     names = list(agg)
+    if probed:  # the rubric probe: each seed's before → after, one short line per seed
+        px = axes[1]
+        for i, m in enumerate(names):
+            for seed, r in sorted(records[m].items()):
+                b, a = r.get("probe_ranking_accuracy_before"), r.get("probe_ranking_accuracy_after")
+                if a is not None and b is not None:
+                    px.plot([i - 0.15, i + 0.15], [b, a], marker="o", ms=3, lw=1, color=f"C{i}")
+        px.set_xticks(range(len(names)), [agg[m]["label"] for m in names], rotation=20, ha="right", fontsize=7)
+        px.set_ylabel("probe ranking accuracy (before → after)")
+        px.set_ylim(-0.05, 1.05)
     for i, m in enumerate(names):
         seeds = records[m]
         after = [r["success_after"] for r in seeds.values() if r.get("success_after") is not None]

@@ -7,6 +7,10 @@
 4. The trained policy is evaluated the same way — ``eval_after/`` — and ``summary.json``/``summary.md`` put both
    side by side; ``learning_curve.png`` plots root success, rubric ranking accuracy and delegation rate per step.
 
+With ``eval.rubric_probe_groups`` > 0 both evaluations also run the rubric probe (``evaluation/rubric_probe.py``):
+the policy's rubrics on one fixed set of held-out fork groups, ``rubric_probe.json`` next to each report; the set
+(``eval.rubric_probe_set``) is collected by the starting policy when missing.
+
 A rerun resumes: finished evaluations are read back from their reports, training resumes from its checkpoint.
 """
 
@@ -87,6 +91,34 @@ async def _evaluate(cfg: Any, loop: Any, out_dir: Path, log: Callable[[str], Non
     return rep
 
 
+async def _probe(cfg: Any, loop: Any, out_dir: Path, set_path: Path, log: Callable[[str], None], *,
+                 may_collect: bool) -> dict[str, Any] | None:
+    """Returns the rubric probe's numbers for the loop's current policy (read back from ``out_dir`` when there), or
+    None when the probe is off, or when its set is missing and the policy is no longer the starting one."""
+    from sera_jax.evaluation.rubric_probe import PROBE_FILE, collect_probe_set, load_probe_set, score_probe
+
+    e = cfg.eval
+    path = out_dir / PROBE_FILE
+    if e.rubric_probe_groups <= 0:
+        return None
+    if path.is_file():
+        return json.loads(path.read_text())
+    if not set_path.is_file():
+        if not may_collect:
+            log(f"rubric probe: no set at {set_path} and the policy is past its start: not measured")
+            return None
+        await collect_probe_set(cfg, loop.engine, loop.tokenizer, set_path, groups=e.rubric_probe_groups,
+                                seed=e.rubric_probe_seed, log=log)
+    probe = await score_probe(cfg, load_probe_set(set_path), loop.engine, loop.tokenizer,
+                              samples=e.rubric_probe_samples, seed=e.rubric_probe_seed + cfg.train.seed)
+    probe = {"set": str(set_path), "version": loop.version, **probe}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(probe, indent=1) + "\n")
+    log(f"rubric probe ({out_dir.name}): " + ", ".join(f"{k} {v:.3f}" for k, v in probe.items()
+                                                       if isinstance(v, float)))
+    return probe
+
+
 def _decoding(temperature: float) -> str:
     return "greedy" if temperature == 0 else f"one tree sampled at temperature {temperature:g} per task"
 
@@ -107,8 +139,12 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         start_version = loop.version
         before = await _evaluate(cfg, loop, out / "eval_before", log) if start_version == 0 or \
             (out / "eval_before" / "report.json").is_file() else None
+        probe_set = Path(cfg.eval.rubric_probe_set or out / "rubric_probe_set.jsonl")
+        probe_before = await _probe(cfg, loop, out / "eval_before", probe_set, log, may_collect=loop.version == 0) \
+            if before is not None else None
         outcomes = await loop.run(cfg.train.total_steps, on_step=on_step)
         after = await _evaluate(cfg, loop, out / "eval_after", log)
+        probe_after = await _probe(cfg, loop, out / "eval_after", probe_set, log, may_collect=False)
     curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png",
                            title=f"{cfg.name}: {cfg.method.name} on {cfg.env.name} (seed {cfg.train.seed})")
     summary = {
@@ -117,7 +153,8 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         "eval_tasks": after.get("num_tasks"), "versions": loop.version, "attempts_this_run": len(outcomes),
         "skipped_this_run": sum(o.skipped for o in outcomes), "learning_curve": str(curve),
         "advantage_sign": cfg.step.advantage_sign, "seed": cfg.train.seed,
-        "eval_temperature": cfg.eval.temperature,
+        "eval_temperature": cfg.eval.temperature, "rubric_probe_before": probe_before,
+        "rubric_probe_after": probe_after,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     before_txt = f"{summary['success_before']:.1f}%" if before else "n/a (resumed run)"

@@ -181,7 +181,7 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
              "sabotaged_children": sabotaged,
              "rubrics_naming_the_target": oracle.rubrics["target"],
              "rubrics_naming_a_distractor": oracle.rubrics["distractor"],
-             "vague_rubrics": oracle.rubrics["vague"],
+             "vague_rubrics": oracle.rubrics["vague"] + oracle.rubrics["generic"],
              "goal_copy_datums": ws.copy_demos,
              "datums": len(datums), "trained_tokens": sum(d.num_trained for d in datums), **counts}
     return datums, stats

@@ -26,8 +26,10 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   and its scores follow them: ranking accuracy starts below 1, and only rubrics that name the real goal can raise
   it. With ``rubric_miss="vague"`` a missed rubric names no target at all (gate "task done") and every child
   scored against it gets the same 0.5: the scorer need not compare two names (a tiny model scores distractor
-  rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties (the
-  self-evaluation setting, ``configs/tiny_selfeval.yaml``).
+  rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties. The vague rubric
+  is its own JSON; ``rubric_miss="generic"`` is the same vague rubric in the target rubric's exact template, with
+  "its goal" where the goal would be (a tiny model that learns two templates garbles both: 78% of its rubrics were
+  not JSON, see docs/selfeval): the self-evaluation setting, ``configs/tiny_selfeval.yaml``.
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
@@ -93,6 +95,8 @@ def score_text(success: bool, value: float | None = None) -> str:
 
 VAGUE_GATE = "task done"
 VAGUE_SCORE = 0.5
+GENERIC_TARGET = "its goal"  # rubric_miss="generic": the target template naming no item
+RUBRIC_MISSES = ("distractor", "vague", "generic")
 
 
 def vague_rubric_text() -> str:
@@ -109,12 +113,12 @@ class TextCraftOracle:
     def __init__(self, book: RecipeBook, tokenizer: Any, *, max_depth: int = 2, delegate_prob: float = 0.85,
                  fail_prob: float = 0.25, exhaust_share: float = 0.0, rubric_target_prob: float = 1.0,
                  rubric_miss: str = "distractor", seed: int = 0):
-        if rubric_miss not in ("distractor", "vague"):
-            raise ValueError(f"rubric_miss must be 'distractor' or 'vague', got {rubric_miss!r}")
+        if rubric_miss not in RUBRIC_MISSES:
+            raise ValueError(f"rubric_miss must be one of {RUBRIC_MISSES}, got {rubric_miss!r}")
         self.rubric_miss = rubric_miss
         self.book, self.tokenizer = book, tokenizer
         self.rubric_target_prob = rubric_target_prob
-        self.rubrics = {"target": 0, "distractor": 0, "vague": 0}
+        self.rubrics = {"target": 0, **{m: 0 for m in RUBRIC_MISSES}}
         self.max_depth, self.delegate_prob, self.fail_prob, self.seed = max_depth, delegate_prob, fail_prob, seed
         self.exhaust_share = exhaust_share
         self.plans: dict[tuple[str, str], list[str]] = {}
@@ -134,12 +138,15 @@ class TextCraftOracle:
                 self.rubrics[self.rubric_miss] += 1
                 if self.rubric_miss == "vague":
                     return vague_rubric_text()
+                if self.rubric_miss == "generic":
+                    return rubric_text(GENERIC_TARGET)
                 return rubric_text(self.distractor(goal, (info.tree_id, info.node_id)))
             self.rubrics["target"] += 1
             return rubric_text(goal)
         if info.node_id.startswith("score:"):
             done = (info.tree_id, scored_node(info.node_id)) not in self.sabotaged
-            if self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text:
+            if (self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text) or \
+                    (self.rubric_miss == "generic" and f"gate: {GENERIC_TARGET} crafted" in text):
                 return score_text(True, VAGUE_SCORE)  # the same for every child: nothing to rank by
             return score_text(done and self.gate_names_task(text))
         key = (info.tree_id, info.node_id)
@@ -164,7 +171,7 @@ class TextCraftOracle:
     def gate_names_task(self, score_prompt: str) -> bool:
         """Returns whether the rubric in a scoring prompt names the delegated task's goal (always, without
         distractors: the oracle's score is then the child's true outcome)."""
-        if self.rubric_target_prob >= 1 or self.rubric_miss == "vague":
+        if self.rubric_target_prob >= 1 or self.rubric_miss in ("vague", "generic"):
             return True
         task, gate = _SCORED_TASK.search(score_prompt), _GATE.search(score_prompt)
         if not (task and gate):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sera_jax.config import load_config
-from sera_jax.training.ablate import aggregate, markdown, method_schedule, run_overrides, run_record
+from sera_jax.training.ablate import aggregate, markdown, method_schedule, plot, run_overrides, run_record
 
 
 def test_method_schedules_keep_the_number_of_updates():
@@ -38,38 +38,61 @@ def test_run_overrides_make_a_loadable_config_per_method(tmp_path):
         .method_config().execution_reward == "rao"
     with pytest.raises(ValueError, match="unknown method"):
         run_overrides(base, "sera_plus", 1, tmp_path, tmp_path)
+    # With the rubric probe on, every run ranks the ablation's one probe set.
+    assert base.eval.rubric_probe_groups == 0 and not any("rubric_probe" in o for o in over)
+    selfeval = load_config(["configs/tiny_selfeval.yaml"])
+    over = run_overrides(selfeval, "rao", 1, tmp_path / "rao", tmp_path / "warm")
+    assert load_config(["configs/tiny_selfeval.yaml"], over).eval.rubric_probe_set == \
+        str(tmp_path / "rubric_probe_set.jsonl")
 
 
-def _fake_run(tmp_path, name, before, after, acc, step_s):
+def _fake_run(tmp_path, name, before, after, acc, step_s, probe=None):
     d = tmp_path / name
     (d / "eval_after").mkdir(parents=True)
+    (d / "eval_before").mkdir(parents=True)
+    for when, value in zip(("before", "after"), probe or ()):
+        (d / f"eval_{when}" / "rubric_probe.json").write_text(json.dumps(
+            {"ranking_accuracy": value, "ranking_auc": value, "rubric_valid": 0.5, "ranked": 0.25}))
     (d / "eval_after" / "report.json").write_text(json.dumps({"tree_means": [{"delegations": 0.5}]}))
     rows = [{"kind": "step", "stage": "execution", "time/step_s": step_s, "delegation_rate": 0.5,
              "subagent_score_accuracy": 0.5},
             {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
-             "rubric_ranking_accuracy": acc[0], "rubric_ranking_auc": acc[0], "loss": 0.1, "grad_norm": 1.0},
+             "rubric_ranking_accuracy": acc[0], "rubric_ranking_auc": acc[0], "loss": 0.1, "grad_norm": 1.0,
+             "ranked_groups": 1.0},
             {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
-             "rubric_ranking_accuracy": acc[1], "rubric_ranking_auc": acc[1], "loss": 0.3, "grad_norm": 3.0}]
+             "rubric_ranking_accuracy": acc[1], "rubric_ranking_auc": acc[1], "loss": 0.3, "grad_norm": 3.0,
+             "ranked_groups": 3.0}]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_record(d, {"success_before": before, "success_after": after}, wall_s=100.0)
 
 
 def test_report_aggregates_seeds_and_costs(tmp_path):
-    recs = {"sera": {1: _fake_run(tmp_path, "s1", 20.0, 40.0, (0.5, 0.75), 10.0),
-                     2: _fake_run(tmp_path, "s2", 22.0, 30.0, (0.25, 0.75), 10.0)},
+    recs = {"sera": {1: _fake_run(tmp_path, "s1", 20.0, 40.0, (0.5, 0.75), 10.0, probe=(0.4, 0.8)),
+                     2: _fake_run(tmp_path, "s2", 22.0, 30.0, (0.25, 0.75), 10.0, probe=(0.5, 0.6))},
             "rao": {1: _fake_run(tmp_path, "r1", 20.0, 35.0, (None, None), 5.0)}}
     r = recs["sera"][1]
     assert r["rubric_ranking_accuracy_first"] == 0.5 and r["rubric_ranking_accuracy_last"] == 0.75
     assert r["rubric_loss"] == pytest.approx(0.2) and r["rubric_grad_norm"] == pytest.approx(2.0)
     assert r["step_s_by_stage"] == {"execution": 10.0, "rubric_generation": 20.0} and r["train_s"] == 50.0
+    # two rubric steps trained, one of them with >= 2 ranked fork groups (a non-zero rubric gradient)
+    assert r["rubric_steps_trained"] == 2 and r["rubric_steps_with_gradient"] == 1
+    assert r["ranked_groups_per_rubric_step"] == 2.0
+    assert r["probe_ranking_accuracy_before"] == 0.4 and r["probe_ranking_accuracy_after"] == 0.8
     agg = aggregate(recs)
     mean, std = agg["sera"]["success_after"]
     assert mean == 35.0 and std == pytest.approx(np.std([40.0, 30.0], ddof=1))
     assert agg["sera"]["gain"][0] == pytest.approx(14.0)
     assert agg["sera"]["rubric_ranking_accuracy_first"][0] == pytest.approx(0.375)
     assert agg["sera"]["train_s_vs_rao"] == pytest.approx(50.0 / 25.0) and agg["rao"]["train_s_vs_rao"] == 1.0
+    # the probe's change is the mean of per-seed differences (+0.4, +0.1), with their sample std
+    assert agg["sera"]["probe_ranking_accuracy_gain"][0] == pytest.approx(0.25)
+    assert agg["sera"]["probe_ranking_accuracy_gain"][1] == pytest.approx(np.std([0.4, 0.1], ddof=1))
+    assert agg["rao"]["probe_ranking_accuracy_gain"] == (None, None)
     md = markdown(agg, "t")
     assert "| SERA | 2 |" in md and "**35.0 ± 7.1**" in md and "2.00×" in md
+    assert "| SERA | 0.45 ± 0.07 → 0.70 ± 0.14 | 0.25 ± 0.21 |" in md
+    plot(agg, recs, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 0
 
 
 def test_a_failed_run_is_reported_and_retried_not_fatal(tmp_path):

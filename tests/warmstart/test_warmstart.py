@@ -132,6 +132,18 @@ def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
     assert all(n.rubric_score.score == 0.5 for n in vague)
     assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
     assert {n.env_labels["success"] for n in scored} == {0.0, 1.0}  # sabotage still fails some children
+    # Generic misses: the same vague rubric, but in the target rubric's exact template ("its goal" for the item).
+    oracle, _, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5, rubric_target_prob=0.5,
+                                   rubric_miss="generic")
+    scored = [n for t in trees for n in t.nodes.values() if n.depth > 0 and n.rubric_score is not None]
+    generic = [n for n in scored if n.rubric_score.rubric["success_gate"] == "its goal crafted"]
+    named = [n for n in scored if n not in generic]
+    assert generic and named and oracle.rubrics["generic"] == len(generic) and oracle.rubrics["vague"] == 0
+    assert {json.dumps(n.rubric_score.rubric, sort_keys=True).replace(n.rubric_score.rubric["success_gate"][:-8], "X")
+            for n in scored} == {json.dumps(scored[0].rubric_score.rubric, sort_keys=True).replace(
+                scored[0].rubric_score.rubric["success_gate"][:-8], "X")}  # one template, the item aside
+    assert all(n.rubric_score.score == 0.5 for n in generic)
+    assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
     # The default (1.0) keeps the old oracle: every rubric names the goal, every score is the true outcome.
     oracle, _, trees = _run_oracle(cfg, tok, tasks[:2], delegate_prob=1.0, fail_prob=0.0)
     assert oracle.rubrics["distractor"] == 0

@@ -35,7 +35,7 @@ from sera_jax.agents.launchers.rubric import RubricCoordinator, usable_trees
 from sera_jax.agents.records import Tree
 from sera_jax.agents.rubric_calls import RubricConfig, run_limits
 
-__all__ = ["LauncherFactory", "make_launcher_factory", "usable_trees"]
+__all__ = ["LauncherFactory", "make_launcher_factory", "rubric_stage_config", "usable_trees"]
 
 
 class LauncherFactory:
@@ -83,9 +83,7 @@ def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any =
             if env != "textcraft":
                 raise ValueError("the TextWorld rubric-generation stage needs a judge (judge.make_judge)")
             judge = ProgrammaticJudge()
-        # The post-hoc scoring calls have their own cap (TextWorld's recipes 512, TextCraft's launchers 1,024).
-        cfg = RubricConfig.from_method(method, **{"max_scoring_tokens": method.rubric_stage_max_scoring_tokens,
-                                                  **rubric_overrides})
+        cfg = _rubric_stage(method, rubric_overrides)
         return LauncherFactory(lambda: CounterfactualCollector(
             env, judge, cfg, branches=method.branching_factor,
             max_envs=method.max_counterfactual_envs_per_rollout), "counterfactual")
@@ -97,3 +95,16 @@ def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any =
             return LauncherFactory(lambda: BestOfNSelector(env, **opts), "best_of_n")
         return LauncherFactory(DefaultLauncher, "default")
     raise ValueError(f"unknown stage {stage!r}")
+
+
+def _rubric_stage(method: Any, overrides: dict) -> RubricConfig:
+    # The post-hoc scoring calls have their own cap (TextWorld's recipes 512, TextCraft's launchers 1,024).
+    return RubricConfig.from_method(method, **{"max_scoring_tokens": method.rubric_stage_max_scoring_tokens,
+                                               **overrides})
+
+
+def rubric_stage_config(method: Any, settings: Any = None, **overrides: Any) -> RubricConfig:
+    """Returns the RubricConfig of the rubric-generation stage's post-hoc rubric and scoring calls (what
+    ``make_launcher_factory("rubric_generation", ...)`` gives its collector), e.g. to rank recorded fork groups
+    again."""
+    return _rubric_stage(method, {**(run_limits(settings) if settings is not None else {}), **overrides})
