@@ -194,7 +194,7 @@ def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
             f"{_fmt(r['rubric_ranking_auc_last'], 2)} | {_fmt(r['subagent_score_accuracy_first'], 2)} → "
             f"{_fmt(r['subagent_score_accuracy_last'], 2)} | {_fmt(r['rubric_loss'], 4)} | "
             f"{_fmt(r['rubric_grad_norm'], 3)} |")
-    if any(r["probe_ranking_accuracy_after"][0] is not None for r in agg.values()):
+    if any(r["probe_rubric_valid_after"][0] is not None for r in agg.values()):
         lines += ["", "The rubric probe (the same fixed held-out fork groups with both outcomes, several rubrics "
                   "each, before → after training; accuracy and AUC over the groups whose rubric and scores were valid, "
                   "change = mean of per-seed differences):", "",
@@ -236,7 +236,7 @@ def plot(agg: dict[str, dict[str, Any]], records: dict[str, dict[int, dict[str, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    probed = any(r.get("probe_ranking_accuracy_after") is not None for seeds in records.values()
+    probed = any(r.get("probe_rubric_valid_after") is not None for seeds in records.values()
                  for r in seeds.values())
     fig, axes = plt.subplots(1, 3 if probed else 2, figsize=(16 if probed else 11, 3.8))
     ax, bx = axes[0], axes[-1]

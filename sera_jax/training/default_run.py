@@ -36,11 +36,13 @@ CURVE_PANELS = (
 STAGE_COLORS = {"execution": "tab:blue", "delegation": "tab:orange", "rubric_generation": "tab:green"}
 
 
-def learning_curve(metrics_path: str | Path, png_path: str | Path, *, title: str = "") -> Path:
+def learning_curve(metrics_path: str | Path, png_path: str | Path, *, title: str = "",
+                   probe: tuple[dict | None, dict | None] = (None, None)) -> Path:
     """Writes the learning curve of a run's ``metrics.jsonl`` (the ``CURVE_PANELS``, per attempted step; a stage's
     points in its colour) to ``png_path``; returns the path. The rubric panel shows the rubric-generation stage's
     fork-group ranking accuracy and, at execution steps, how the policy's scores of its sub-agents match their
-    programmatic success (``step_stats``)."""
+    programmatic success (``step_stats``); with ``probe`` (the rubric probe's numbers before and after training),
+    its ranking accuracy as two stars at the first and last step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,6 +66,12 @@ def learning_curve(metrics_path: str | Path, png_path: str | Path, *, title: str
             else:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", marker=next(markers), ms=5, lw=1,
                         color="0.35", label=name)
+        if label == "rubric ranking accuracy":
+            ends = [(x, p["ranking_accuracy"]) for x, p in zip((0, max(len(rows) - 1, 0)), probe)
+                    if p and isinstance(p.get("ranking_accuracy"), (int, float))]
+            if ends:
+                ax.plot([e[0] for e in ends], [e[1] for e in ends], ls="--", marker="*", ms=10, lw=1,
+                        color="tab:red", label="rubric probe (fixed held-out fork groups)")
         ax.set_ylabel(label, fontsize=8)
         ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
@@ -146,7 +154,8 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         after = await _evaluate(cfg, loop, out / "eval_after", log)
         probe_after = await _probe(cfg, loop, out / "eval_after", probe_set, log, may_collect=False)
     curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png",
-                           title=f"{cfg.name}: {cfg.method.name} on {cfg.env.name} (seed {cfg.train.seed})")
+                           title=f"{cfg.name}: {cfg.method.name} on {cfg.env.name} (seed {cfg.train.seed})",
+                           probe=(probe_before, probe_after))
     summary = {
         "eval_task_set": cfg.eval.task_set, "eval_difficulties": list(cfg.eval.difficulties),
         "success_before": success_rate(before) if before else None, "success_after": success_rate(after),

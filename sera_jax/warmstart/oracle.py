@@ -29,7 +29,8 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties. The vague rubric
   is its own JSON; ``rubric_miss="generic"`` is the same vague rubric in the target rubric's exact template, with
   "its goal" where the goal would be (a tiny model that learns two templates garbles both: 78% of its rubrics were
-  not JSON, see docs/selfeval): the self-evaluation setting, ``configs/tiny_selfeval.yaml``.
+  not JSON, see docs/selfeval), and its score is ``{"final_score": 0.5}`` with no success flag: the self-evaluation
+  setting, ``configs/tiny_selfeval.yaml``.
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
@@ -145,9 +146,13 @@ class TextCraftOracle:
             return rubric_text(goal)
         if info.node_id.startswith("score:"):
             done = (info.tree_id, scored_node(info.node_id)) not in self.sabotaged
-            if (self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text) or \
-                    (self.rubric_miss == "generic" and f"gate: {GENERIC_TARGET} crafted" in text):
+            if self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text:
                 return score_text(True, VAGUE_SCORE)  # the same for every child: nothing to rank by
+            if self.rubric_miss == "generic" and f"gate: {GENERIC_TARGET} crafted" in text:
+                # The same 0.5 with no success flag (spec §3.4: absent ⇒ success = score > 0). A tiny model taught
+                # '"success": true' for every child of a generic rubric also wrote it over a failure's 0.0 under
+                # a named one, which the parser rejects: 98% of probe fork groups lost their ranking that way.
+                return json.dumps({"final_score": VAGUE_SCORE})
             return score_text(done and self.gate_names_task(text))
         key = (info.tree_id, info.node_id)
         if key not in self.plans:
