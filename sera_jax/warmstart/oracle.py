@@ -28,9 +28,10 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   scored against it gets the same 0.5: the scorer need not compare two names (a tiny model scores distractor
   rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties. The vague rubric
   is its own JSON; ``rubric_miss="generic"`` is the same vague rubric in the target rubric's exact template, with
-  "its goal" where the goal would be (a tiny model that learns two templates garbles both: 78% of its rubrics were
-  not JSON, see docs/selfeval), and its score is ``{"final_score": 0.5}`` with no success flag: the self-evaluation
-  setting, ``configs/tiny_selfeval.yaml``.
+  "its goal" where the goal would be and its first item named "progress" (a tiny model that learns two templates
+  garbles both: 78% of its rubrics were not JSON; and one that must spot "its goal" in the gate ignores it and
+  scores every child 0.5; see docs/selfeval), and its score is ``{"final_score": 0.5}`` with no success flag: the
+  self-evaluation setting, ``configs/tiny_selfeval.yaml``.
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
@@ -96,7 +97,8 @@ def score_text(success: bool, value: float | None = None) -> str:
 
 VAGUE_GATE = "task done"
 VAGUE_SCORE = 0.5
-GENERIC_TARGET = "its goal"  # rubric_miss="generic": the target template naming no item
+GENERIC_TARGET = "its goal"  # rubric_miss="generic": the target template naming no item ...
+GENERIC_ITEM = "progress"    # ... with its first item named this
 RUBRIC_MISSES = ("distractor", "vague", "generic")
 
 
@@ -106,6 +108,15 @@ def vague_rubric_text() -> str:
         "rubric_items": [{"name": "progress", "weight": 0.5, "description": "the sub-agent works on its task"},
                          {"name": "finished", "weight": 0.5, "description": "the sub-agent calls finish"}],
         "success_gate": VAGUE_GATE, "failure_conditions": ["no progress"]})
+
+
+def generic_rubric_text() -> str:
+    """Returns the oracle's generic rubric: the target rubric's JSON with its first item named "progress" (the
+    scorer sees the item names right after ``[Rubric]``, the one place it reliably reads) and "its goal" for the
+    item, so it names no target."""
+    rubric = json.loads(rubric_text(GENERIC_TARGET))
+    rubric["rubric_items"][0]["name"] = GENERIC_ITEM
+    return json.dumps(rubric)
 
 
 class TextCraftOracle:
@@ -140,7 +151,7 @@ class TextCraftOracle:
                 if self.rubric_miss == "vague":
                     return vague_rubric_text()
                 if self.rubric_miss == "generic":
-                    return rubric_text(GENERIC_TARGET)
+                    return generic_rubric_text()
                 return rubric_text(self.distractor(goal, (info.tree_id, info.node_id)))
             self.rubrics["target"] += 1
             return rubric_text(goal)

@@ -139,9 +139,9 @@ def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
     generic = [n for n in scored if n.rubric_score.rubric["success_gate"] == "its goal crafted"]
     named = [n for n in scored if n not in generic]
     assert generic and named and oracle.rubrics["generic"] == len(generic) and oracle.rubrics["vague"] == 0
-    assert {json.dumps(n.rubric_score.rubric, sort_keys=True).replace(n.rubric_score.rubric["success_gate"][:-8], "X")
-            for n in scored} == {json.dumps(scored[0].rubric_score.rubric, sort_keys=True).replace(
-                scored[0].rubric_score.rubric["success_gate"][:-8], "X")}  # one template, the item aside
+    assert {tuple(n.rubric_score.rubric) for n in scored} == {tuple(scored[0].rubric_score.rubric)}  # one template
+    assert all(n.rubric_score.rubric["rubric_items"][0]["name"] == ("progress" if n in generic else "crafted")
+               for n in scored)
     assert all(n.rubric_score.score == 0.5 for n in generic)
     assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
     # The default (1.0) keeps the old oracle: every rubric names the goal, every score is the true outcome.
