@@ -6,7 +6,8 @@ after, learning curve) in ``<out>/<method>/seed<seed>/``, on the base config wit
 (``VARIANTS``). Every method starts from the same warm start (``<out>/warmstart``, built once from the base config's
 recipe: the method does not change which policy it starts from) and keeps the base config's number of updates;
 a method without a stage gives that stage's updates to execution (the paper's schedules, shortened as the base
-config shortens SERA's). A finished run (``run_record.json``) is never rerun, an interrupted one resumes from its
+config shortens SERA's). A finished run (``run_record.json``) is never rerun (its record is recomputed from its
+files, so a report always uses the current definitions), an interrupted one resumes from its
 checkpoints, so the command can be repeated until every run is done. Runs go seed by seed (every method's first
 seed, then the second, ...). The evaluation before training is the same measurement for every method of a seed
 (same warm start, evaluation and seed), so it runs once per seed and the other methods' runs reuse it.
@@ -15,7 +16,7 @@ The report (``report.md``, ``report.json``, ``comparison.png``), per method over
 after training (mean ± sample std) and its gain over before, delegation (training trees that delegate; delegations
 per evaluated tree), rubric quality at the first and last step that measured it (fork-group ranking accuracy and
 AUC at rubric-generation steps; scored sub-agents' ranking accuracy at execution steps), the rubric stage's loss
-and gradient norm, how many rubric steps had a gradient at all (≥ 2 ranked fork groups), and wall time per step by
+and gradient norm, how many rubric steps had a gradient at all (a non-zero advantage), and wall time per step by
 stage, with each method's total against RAO's (the paper's SERA run cost 1.84× RAO's). With the rubric probe on
 (``eval.rubric_probe_groups``), one probe set (``<out>/rubric_probe_set.jsonl``, collected by the warm start) is
 shared by every run, and the report adds each method's probe ranking accuracy, AUC and valid-rubric share before →
@@ -99,7 +100,8 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
     for r in rows:
         if isinstance(r.get("time/step_s"), (int, float)):
             stages.setdefault(r.get("stage", "?"), []).append(float(r["time/step_s"]))
-    rubric_rows = [r for r in rows if r.get("stage") == "rubric_generation" and not r.get("skipped")]
+    rubric_rows = [r for r in rows if r.get("stage") == "rubric_generation"
+                   and not r.get("skipped_step", r.get("skipped"))]  # the trained ones
     after = json.loads((run_dir / "eval_after" / "report.json").read_text()) \
         if (run_dir / "eval_after" / "report.json").is_file() else {}
     tree_means = (after.get("tree_means") or [{}])[0]
@@ -124,7 +126,9 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
             rec[f"probe_{k}_{when}"] = probe.get(k)
     rubric_steps = [r for r in rubric_rows if isinstance(r.get("ranked_groups"), (int, float))]
     rec["rubric_steps_trained"] = len(rubric_rows)
-    rec["rubric_steps_with_gradient"] = sum(1 for r in rubric_rows if r.get("ranked_groups", 0) >= 2)
+    # A rubric step has a gradient iff some trained advantage is non-zero (≥ 2 ranked fork groups with different
+    # rewards); ranked_groups counts every collected tree's groups, rejected task groups included.
+    rec["rubric_steps_with_gradient"] = sum(1 for r in rubric_rows if r.get("advantage_abs_max", 0.0) > 1e-9)
     rec["ranked_groups_per_rubric_step"] = _mean(r["ranked_groups"] for r in rubric_steps)
     for key, stage in (("rubric_ranking_accuracy", "rubric_generation"), ("rubric_ranking_auc", "rubric_generation"),
                        ("subagent_score_accuracy", None), ("subagent_score_auc", None)):
@@ -208,9 +212,10 @@ def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
             cells += [f"{_fmt(r['probe_ranked_before'], 2)} → {_fmt(r['probe_ranked_after'], 2)}",
                       f"{_fmt(r['probe_hinge_reward_before'], 3)} → {_fmt(r['probe_hinge_reward_after'], 3)}"]
             lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    lines += ["", "Rubric-generation steps: trained, with ≥ 2 ranked fork groups (a non-zero rubric gradient), and "
-              "ranked fork groups per trained step:", "", "| method | trained | with gradient | ranked groups / step |",
-              "|---|---|---|---|"]
+    lines += ["", "Rubric-generation steps: trained, with a non-zero rubric gradient (some advantage ≠ 0: ≥ 2 ranked "
+              "fork groups with different rewards), and ranked fork groups per trained step (in every tree the step "
+              "collected, rejected task groups included):", "",
+              "| method | trained | with gradient | ranked groups / step |", "|---|---|---|---|"]
     for m, r in agg.items():
         lines.append(f"| {r['label']} | {_fmt(r['rubric_steps_trained'], 1)} | "
                      f"{_fmt(r['rubric_steps_with_gradient'], 1)} | {_fmt(r['ranked_groups_per_rubric_step'], 2)} |")
@@ -307,6 +312,11 @@ def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str
             rec_path = run_dir / RECORD
             if rec_path.is_file():
                 log(f"ablate: {m} seed {seed} already done ({rec_path})")
+                old = json.loads(rec_path.read_text())
+                if (run_dir / "summary.json").is_file():  # derived numbers: recomputed from the run's own files
+                    rec = {"method": m, "seed": seed, **run_record(
+                        run_dir, json.loads((run_dir / "summary.json").read_text()), old["wall_s"])}
+                    rec_path.write_text(json.dumps(rec, indent=1) + "\n")
             else:
                 cfg = load_config(list(paths), [*overrides, *run_overrides(base, m, seed, run_dir, warm_dir)])
                 log(f"ablate: {VARIANTS[m][0]} seed {seed}: schedule {cfg.method_config().stage_schedule}, "

@@ -27,11 +27,10 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   it. With ``rubric_miss="vague"`` a missed rubric names no target at all (gate "task done") and every child
   scored against it gets the same 0.5: the scorer need not compare two names (a tiny model scores distractor
   rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties. The vague rubric
-  is its own JSON; ``rubric_miss="generic"`` is the same vague rubric in the target rubric's exact template, with
-  "its goal" where the goal would be and its first item named "progress" (a tiny model that learns two templates
-  garbles both: 78% of its rubrics were not JSON; and one that must spot "its goal" in the gate ignores it and
-  scores every child 0.5; see docs/selfeval), and its score is ``{"final_score": 0.5}`` with no success flag: the
-  self-evaluation setting, ``configs/tiny_selfeval.yaml``.
+  is its own JSON; ``rubric_miss="generic"`` is the target rubric (its description still naming the goal) with
+  its first item named "progress" and its gate "task done": the two things the scorer is shown change, the writer
+  copies the goal either way, and its score is ``{"final_score": 0.5}`` with no success flag (the self-evaluation
+  setting, ``configs/tiny_selfeval.yaml``; docs/selfeval lists the constructions the tiny model could not learn).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
@@ -97,8 +96,7 @@ def score_text(success: bool, value: float | None = None) -> str:
 
 VAGUE_GATE = "task done"
 VAGUE_SCORE = 0.5
-GENERIC_TARGET = "its goal"  # rubric_miss="generic": the target template naming no item ...
-GENERIC_ITEM = "progress"    # ... with its first item named this
+GENERIC_ITEM = "progress"  # rubric_miss="generic": the target rubric with its first item named this, gate VAGUE_GATE
 RUBRIC_MISSES = ("distractor", "vague", "generic")
 
 
@@ -110,12 +108,13 @@ def vague_rubric_text() -> str:
         "success_gate": VAGUE_GATE, "failure_conditions": ["no progress"]})
 
 
-def generic_rubric_text() -> str:
-    """Returns the oracle's generic rubric: the target rubric's JSON with its first item named "progress" (the
-    scorer sees the item names right after ``[Rubric]``, the one place it reliably reads) and "its goal" for the
-    item, so it names no target."""
-    rubric = json.loads(rubric_text(GENERIC_TARGET))
+def generic_rubric_text(child_goal: str) -> str:
+    """Returns the oracle's generic rubric for a delegation to ``child_goal``: the target rubric's JSON, its
+    description still naming the goal, but its first item named "progress" and its gate "task done" — the two
+    places the scorer sees (``[Rubric]`` shows item names and the gate) — so it checks no target."""
+    rubric = json.loads(rubric_text(child_goal))
     rubric["rubric_items"][0]["name"] = GENERIC_ITEM
+    rubric["success_gate"] = VAGUE_GATE
     return json.dumps(rubric)
 
 
@@ -151,7 +150,7 @@ class TextCraftOracle:
                 if self.rubric_miss == "vague":
                     return vague_rubric_text()
                 if self.rubric_miss == "generic":
-                    return generic_rubric_text()
+                    return generic_rubric_text(goal)
                 return rubric_text(self.distractor(goal, (info.tree_id, info.node_id)))
             self.rubrics["target"] += 1
             return rubric_text(goal)
@@ -159,7 +158,7 @@ class TextCraftOracle:
             done = (info.tree_id, scored_node(info.node_id)) not in self.sabotaged
             if self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text:
                 return score_text(True, VAGUE_SCORE)  # the same for every child: nothing to rank by
-            if self.rubric_miss == "generic" and f"gate: {GENERIC_TARGET} crafted" in text:
+            if self.rubric_miss == "generic" and f"{GENERIC_ITEM}, " in text and f"gate: {VAGUE_GATE}" in text:
                 # The same 0.5 with no success flag (spec §3.4: absent ⇒ success = score > 0). A tiny model taught
                 # '"success": true' for every child of a generic rubric also wrote it over a failure's 0.0 under
                 # a named one, which the parser rejects: 98% of probe fork groups lost their ranking that way.

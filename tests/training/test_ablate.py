@@ -58,10 +58,12 @@ def _fake_run(tmp_path, name, before, after, acc, step_s, probe=None):
              "subagent_score_accuracy": 0.5},
             {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
              "rubric_ranking_accuracy": acc[0], "rubric_ranking_auc": acc[0], "loss": 0.1, "grad_norm": 1.0,
-             "ranked_groups": 1.0},
+             "ranked_groups": 1.0, "advantage_abs_max": 0.0},
             {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
              "rubric_ranking_accuracy": acc[1], "rubric_ranking_auc": acc[1], "loss": 0.3, "grad_norm": 3.0,
-             "ranked_groups": 3.0}]
+             "ranked_groups": 3.0, "advantage_abs_max": 0.05},
+            {"kind": "step", "stage": "rubric_generation", "time/step_s": step_s, "skipped_step": True,
+             "ranked_groups": 0.0}]  # a skipped attempt: timed, but not a trained rubric step
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_record(d, {"success_before": before, "success_after": after}, wall_s=100.0)
 
@@ -73,8 +75,8 @@ def test_report_aggregates_seeds_and_costs(tmp_path):
     r = recs["sera"][1]
     assert r["rubric_ranking_accuracy_first"] == 0.5 and r["rubric_ranking_accuracy_last"] == 0.75
     assert r["rubric_loss"] == pytest.approx(0.2) and r["rubric_grad_norm"] == pytest.approx(2.0)
-    assert r["step_s_by_stage"] == {"execution": 10.0, "rubric_generation": 20.0} and r["train_s"] == 50.0
-    # two rubric steps trained, one of them with >= 2 ranked fork groups (a non-zero rubric gradient)
+    assert r["step_s_by_stage"] == {"execution": 10.0, "rubric_generation": 50.0 / 3} and r["train_s"] == 60.0
+    # two rubric steps trained, one of them with a non-zero advantage (a rubric gradient)
     assert r["rubric_steps_trained"] == 2 and r["rubric_steps_with_gradient"] == 1
     assert r["ranked_groups_per_rubric_step"] == 2.0
     assert r["probe_ranking_accuracy_before"] == 0.4 and r["probe_ranking_accuracy_after"] == 0.8
@@ -83,7 +85,7 @@ def test_report_aggregates_seeds_and_costs(tmp_path):
     assert mean == 35.0 and std == pytest.approx(np.std([40.0, 30.0], ddof=1))
     assert agg["sera"]["gain"][0] == pytest.approx(14.0)
     assert agg["sera"]["rubric_ranking_accuracy_first"][0] == pytest.approx(0.375)
-    assert agg["sera"]["train_s_vs_rao"] == pytest.approx(50.0 / 25.0) and agg["rao"]["train_s_vs_rao"] == 1.0
+    assert agg["sera"]["train_s_vs_rao"] == pytest.approx(60.0 / 30.0) and agg["rao"]["train_s_vs_rao"] == 1.0
     # the probe's change is the mean of per-seed differences (+0.4, +0.1), with their sample std
     assert agg["sera"]["probe_ranking_accuracy_gain"][0] == pytest.approx(0.25)
     assert agg["sera"]["probe_ranking_accuracy_gain"][1] == pytest.approx(np.std([0.4, 0.1], ddof=1))

@@ -132,16 +132,19 @@ def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
     assert all(n.rubric_score.score == 0.5 for n in vague)
     assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
     assert {n.env_labels["success"] for n in scored} == {0.0, 1.0}  # sabotage still fails some children
-    # Generic misses: the same vague rubric, but in the target rubric's exact template ("its goal" for the item).
+    # Generic misses: the target rubric (its description still naming the goal) with its first item "progress" and
+    # gate "task done" — what the scorer is shown changes, the writer's template and copying do not.
     oracle, _, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5, rubric_target_prob=0.5,
                                    rubric_miss="generic")
     scored = [n for t in trees for n in t.nodes.values() if n.depth > 0 and n.rubric_score is not None]
-    generic = [n for n in scored if n.rubric_score.rubric["success_gate"] == "its goal crafted"]
+    generic = [n for n in scored if n.rubric_score.rubric["success_gate"] == "task done"]
     named = [n for n in scored if n not in generic]
     assert generic and named and oracle.rubrics["generic"] == len(generic) and oracle.rubrics["vague"] == 0
-    assert {tuple(n.rubric_score.rubric) for n in scored} == {tuple(scored[0].rubric_score.rubric)}  # one template
-    assert all(n.rubric_score.rubric["rubric_items"][0]["name"] == ("progress" if n in generic else "crafted")
-               for n in scored)
+    for n in scored:
+        r, goal = n.rubric_score.rubric, n.goal.split("Craft the following items: ", 1)[1].split("\n")[0]
+        assert list(r) == list(scored[0].rubric_score.rubric)  # one template
+        assert r["rubric_items"][0]["description"].endswith(goal.split(" Context")[0])  # the goal copied either way
+        assert r["rubric_items"][0]["name"] == ("progress" if n in generic else "crafted")
     assert all(n.rubric_score.score == 0.5 for n in generic)
     assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
     # The default (1.0) keeps the old oracle: every rubric names the goal, every score is the true outcome.
