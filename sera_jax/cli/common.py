@@ -26,7 +26,8 @@ def load_or_report(args: Sequence[str], *, check_paths: bool = True) -> RunConfi
 def use_compilation_cache() -> str | None:
     """Turns on JAX's persistent compilation cache for a command's run; returns its directory (None: off).
 
-    The directory is ``$SERA_JAX_COMPILATION_CACHE`` (``0`` turns it off; default ``~/.cache/sera_jax/xla``).
+    The directory is ``$SERA_JAX_COMPILATION_CACHE`` (``0``/``off``/``false`` turn it off; unset, ``1``/``on``/
+    ``true``: ``~/.cache/sera_jax/xla``).
     Compiled executables are then reused by the next run on this machine: the tiny default's 147-task evaluation
     compiles ~20 engine shapes, ~13 s of its ~69 s on 2 cores, and a repeat run skips them. The cache is keyed on the
     program, jax version and device, so a stale entry is never used. An explicit ``jax_compilation_cache_dir``
@@ -36,11 +37,14 @@ def use_compilation_cache() -> str | None:
 
     import jax
 
-    where = os.environ.get("SERA_JAX_COMPILATION_CACHE", str(Path.home() / ".cache" / "sera_jax" / "xla"))
+    default = str(Path.home() / ".cache" / "sera_jax" / "xla")
+    where = os.environ.get("SERA_JAX_COMPILATION_CACHE", default)
     if jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
-    if where in ("", "0"):
+    if where.strip().lower() in ("", "0", "off", "false", "no"):
         return None
+    if where.strip().lower() in ("1", "on", "true", "yes"):  # a switch, not a directory named "1"
+        where = default
     jax.config.update("jax_compilation_cache_dir", where)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     return where
