@@ -15,11 +15,11 @@ from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.rubric import parse_rubric, parse_score
 from sera_jax.agents.runtime import run_trees
 from sera_jax.config import load_config
-from sera_jax.warmstart.oracle import TextCraftOracle, parse_targets, rubric_text, score_text
 from sera_jax.training.build import runtime_settings
-from sera_jax.warmstart.tokenizer import resolve_tokenizer
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
+from sera_jax.warmstart.oracle import TextCraftOracle, parse_targets, rubric_text, score_text
 from sera_jax.warmstart.sft import warm_start
+from sera_jax.warmstart.tokenizer import resolve_tokenizer
 
 CONFIG = "configs/tiny_cpu.yaml"
 
@@ -186,8 +186,8 @@ def test_fork_demos_rubric_prompt_and_branch_scores(cfg, tok):
     """Demo trees played as in the rubric-generation stage: each fork group gets the oracle's rubric for the
     post-hoc prompt (which shows the parent's whole reply, thought and tags included, as the execution stage's
     does) and each branch the score of its own outcome (sabotaged branches fail and are scored 0)."""
-    from sera_jax.warmstart.oracle import scored_node
     from sera_jax.warmstart.demos import collect_demos
+    from sera_jax.warmstart.oracle import scored_node
 
     assert scored_node("score:root/subagent-1-0") == "root/subagent-1-0"
     assert scored_node("score:textcraft_synth.train.1#3:fg0:root/subagent-1-0#b2") == "root/subagent-1-0#b2"
