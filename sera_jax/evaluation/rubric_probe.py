@@ -32,6 +32,7 @@ import dataclasses
 import os
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import jax
@@ -61,10 +62,6 @@ def mixed_group(g: ForkGroup) -> bool:
     return _played(g) and any(labels) and not all(labels)
 
 
-def _probe_settings(cfg: Any, seed: int):
-    return stage_settings(dataclasses.replace(runtime_settings(cfg), seed=seed), cfg, "rubric_generation", 0)
-
-
 async def collect_probe_set(cfg: Any, generator: Any, tokenizer: Any, path: str | Path, *, groups: int,
                             seed: int = 0, concurrency: int | None = None, max_tasks: int | None = None,
                             log: Any = print) -> list[Tree]:
@@ -81,7 +78,7 @@ async def collect_probe_set(cfg: Any, generator: Any, tokenizer: Any, path: str 
     random.Random(seed).shuffle(tasks)
     if max_tasks is not None:
         tasks = tasks[:max_tasks]
-    settings = _probe_settings(cfg, seed)
+    settings = stage_settings(dataclasses.replace(runtime_settings(cfg), seed=seed), cfg, "rubric_generation", 0)
     factory = make_launcher_factory("rubric_generation", cfg.method_config(), cfg.env.name, settings=settings)
     wave = concurrency or cfg.eval.concurrency
     kept: list[Tree] = []
@@ -158,7 +155,7 @@ async def score_probe(cfg: Any, trees: Sequence[Tree], generator: Any, tokenizer
 
     async def one(s: int, k: int, tree: Tree) -> list[ForkGroup]:
         copy = loads_tree(dumps_tree(tree))
-        run = _SideRun(tree=copy, generator=generator, tokenizer=tokenizer, settings=settings,
+        run = SimpleNamespace(tree=copy, generator=generator, tokenizer=tokenizer, settings=settings,
                        root_key=jax.random.fold_in(jax.random.fold_in(base, s), k))
         async with gate:
             await rank_fork_groups(copy, run, rcfg)
@@ -167,13 +164,6 @@ async def score_probe(cfg: Any, trees: Sequence[Tree], generator: Any, tokenizer
     jobs = [one(s, k, t) for s in range(samples) for k, t in enumerate(trees)]
     ranked = [g for gs in await asyncio.gather(*jobs) for g in gs]
     return probe_metrics(ranked, margin=cfg.method_config().ranking_margin, samples=samples)
-
-
-class _SideRun:
-    """What ``rank_fork_groups`` reads from a run: the tree, the calls' generator/tokenizer/key, the settings."""
-
-    def __init__(self, **kw: Any):
-        self.__dict__.update(kw)
 
 
 def probe_metrics(groups: Sequence[ForkGroup], *, margin: float = 0.2, samples: int = 1) -> dict[str, float]:

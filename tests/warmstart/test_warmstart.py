@@ -102,6 +102,16 @@ def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
             assert parse_score(text)[0].success is False
 
 
+def _missed_rubrics(cfg, tok, tasks, miss):
+    """Plays ``tasks`` with half the demo rubrics missed as ``miss``; returns (oracle, scored children, those whose
+    rubric gate is "task done", the others)."""
+    oracle, _, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5, rubric_target_prob=0.5,
+                                   rubric_miss=miss)
+    scored = [n for t in trees for n in t.nodes.values() if n.depth > 0 and n.rubric_score is not None]
+    missed = [n for n in scored if n.rubric_score.rubric["success_gate"] == "task done"]
+    return oracle, scored, missed, [n for n in scored if n not in missed]
+
+
 def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
     """With rubric_target_prob < 1 some demo rubrics name another item of the goal's tier, and a child scored against
     one scores 0 although it crafted its goal: the warm start's rubrics rank imperfectly by construction."""
@@ -123,22 +133,14 @@ def test_distractor_rubrics_make_the_oracles_scores_follow_its_rubric(cfg, tok):
                                                                            goal[k].split(",")[0])]
             assert amount == amount2 and item != item2 and recipe_book().can_craft(item.split(" ")[0])
     # Vague misses: no target named, every child scored against one gets 0.5 (a tie), the others their outcome.
-    oracle, _, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5, rubric_target_prob=0.5,
-                                   rubric_miss="vague")
-    scored = [n for t in trees for n in t.nodes.values() if n.depth > 0 and n.rubric_score is not None]
-    vague = [n for n in scored if n.rubric_score.rubric["success_gate"] == "task done"]
-    named = [n for n in scored if n not in vague]
+    oracle, scored, vague, named = _missed_rubrics(cfg, tok, tasks, "vague")
     assert vague and named and oracle.rubrics["vague"] == len(vague) and oracle.rubrics["distractor"] == 0
     assert all(n.rubric_score.score == 0.5 for n in vague)
     assert all(n.rubric_score.score == n.env_labels["success"] for n in named)
     assert {n.env_labels["success"] for n in scored} == {0.0, 1.0}  # sabotage still fails some children
     # Generic misses: the target rubric (its description still naming the goal) with its first item "progress" and
     # gate "task done" — what the scorer is shown changes, the writer's template and copying do not.
-    oracle, _, trees = _run_oracle(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5, rubric_target_prob=0.5,
-                                   rubric_miss="generic")
-    scored = [n for t in trees for n in t.nodes.values() if n.depth > 0 and n.rubric_score is not None]
-    generic = [n for n in scored if n.rubric_score.rubric["success_gate"] == "task done"]
-    named = [n for n in scored if n not in generic]
+    oracle, scored, generic, named = _missed_rubrics(cfg, tok, tasks, "generic")
     assert generic and named and oracle.rubrics["generic"] == len(generic) and oracle.rubrics["vague"] == 0
     for n in scored:
         r, goal = n.rubric_score.rubric, n.goal.split("Craft the following items: ", 1)[1].split("\n")[0]
