@@ -18,7 +18,6 @@ that, not the matmuls, dominated decode at batch 32. Appending before attending 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
@@ -32,33 +31,45 @@ def paged_attention(q_BTHE: Float[Array, "B T H E"], k_BTKE: Float[Array, "B T K
     layer inside the gather itself, so no per-layer copy of the pool is made. ``block_table_BW`` lists each row's
     blocks in order (entries past the row's length may be anything: they are masked); it must cover ``ctx_len`` and
     may be narrower than the row's whole table (``W = 0``: no cached context). Scores and softmax are fp32.
+
+    Laid out for the CPU: the query heads sharing a KV head are folded into the query rows ([B, K, T*G, E]), so both
+    products are plain batched matmuls over (B, K), and the softmax over the cache and the new tokens is one
+    running max and sum, with no concatenated score matrix. XLA's CPU backend ran the former 5-D einsums and
+    ``jax.nn.softmax`` 1.5-3.3x slower on the engine's prefill shapes (2 x 512 new tokens: 8.5 -> 2.6 ms a layer).
     """
     b, t, h, e = q_BTHE.shape
     kv = k_BTKE.shape[2]
     g = h // kv
     w, s = block_table_BW.shape[1], k_pool.shape[2]
-    scale = e ** -0.5
-    q = q_BTHE.reshape(b, t, kv, g, e)
-    dt = q.dtype
-    new_ok = jnp.tril(jnp.ones((t, t), dtype=bool))  # [T, T]
-    neg = jnp.finfo(jnp.float32).min
-    sc_new = jnp.einsum("btkge,bske->bkgts", q, k_BTKE.astype(dt), preferred_element_type=jnp.float32) * scale
-    sc_new = jnp.where(new_ok[None, None, None], sc_new, neg)
-    if w == 0:  # no cached context (a first prefill): causal attention over the new tokens only
-        p_new = jax.nn.softmax(sc_new, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bske->btkge", p_new, v_BTKE.astype(dt), preferred_element_type=jnp.float32)
-        return out.reshape(b, t, h, e).astype(q_BTHE.dtype)
-    # Gather the row's blocks of this layer: [B, W, S, K, E] -> [B, W*S, K, E].
-    k_cache = k_pool[layer, block_table_BW].reshape(b, w * s, kv, e)
-    v_cache = v_pool[layer, block_table_BW].reshape(b, w * s, kv, e)
-    sc_cache = jnp.einsum("btkge,bske->bkgts", q, k_cache.astype(dt), preferred_element_type=jnp.float32) * scale
-    cache_ok = jnp.arange(w * s)[None, :] < ctx_len_B[:, None]  # [B, W*S]
-    sc_cache = jnp.where(cache_ok[:, None, None, None, :], sc_cache, neg)
-    probs = jax.nn.softmax(jnp.concatenate([sc_cache, sc_new], axis=-1), axis=-1)
-    p_cache, p_new = probs[..., : w * s].astype(dt), probs[..., w * s:].astype(dt)
-    out = (jnp.einsum("bkgts,bske->btkge", p_cache, v_cache.astype(dt), preferred_element_type=jnp.float32)
-           + jnp.einsum("bkgts,bske->btkge", p_new, v_BTKE.astype(dt), preferred_element_type=jnp.float32))
-    return out.reshape(b, t, h, e).astype(q_BTHE.dtype)
+    dt, f32 = q_BTHE.dtype, jnp.float32
+    # Query row r of a KV head is token r // G, head r % G of its group.
+    q = (q_BTHE * e ** -0.5).reshape(b, t, kv, g, e).transpose(0, 2, 1, 3, 4).reshape(b, kv, t * g, e)
+
+    def scores(keys_BSKE):
+        return jnp.einsum("bkqe,bske->bkqs", q, keys_BSKE.astype(dt), preferred_element_type=f32)
+
+    def values(p_BKQS, vals_BSKE):
+        return jnp.einsum("bkqs,bske->bkqe", p_BKQS.astype(dt), vals_BSKE.astype(dt), preferred_element_type=f32)
+
+    new_ok = jnp.arange(t)[None, :] <= (jnp.arange(t * g) // g)[:, None]  # [T*G, T] causal
+    sc_new = jnp.where(new_ok, scores(k_BTKE), -jnp.inf)
+    m = jnp.max(sc_new, axis=-1, keepdims=True)  # finite: every query sees its own key
+    if w:
+        # Gather the row's blocks of this layer: [B, W, S, K, E] -> [B, W*S, K, E].
+        k_cache = k_pool[layer, block_table_BW].reshape(b, w * s, kv, e)
+        v_cache = v_pool[layer, block_table_BW].reshape(b, w * s, kv, e)
+        cache_ok = (jnp.arange(w * s)[None, :] < ctx_len_B[:, None])[:, None, None, :]  # [B, 1, 1, W*S]
+        sc_cache = jnp.where(cache_ok, scores(k_cache), -jnp.inf)
+        m = jnp.maximum(m, jnp.max(sc_cache, axis=-1, keepdims=True))
+    p_new = jnp.exp(sc_new - m)
+    total = jnp.sum(p_new, axis=-1, keepdims=True)
+    out = values(p_new, v_BTKE)
+    if w:
+        p_cache = jnp.exp(sc_cache - m)
+        total = total + jnp.sum(p_cache, axis=-1, keepdims=True)
+        out = out + values(p_cache, v_cache)
+    out = out / total
+    return out.reshape(b, kv, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e).astype(dt)
 
 
 def gather_window(k_pool: Float[Array, "L N S K E"], v_pool: Float[Array, "L N S K E"], layer: int,

@@ -16,14 +16,20 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Int
 
 from sera_jax.model.config import Qwen3Config
 from sera_jax.model.qwen3 import DecoderLayer, Qwen3, rope_tables
-from sera_jax.sampling.attention import (append_window, gather_window, paged_attention, select_impl,
-                                         window_decode_attention)
+from sera_jax.sampling.attention import (
+    append_window,
+    gather_window,
+    paged_attention,
+    select_impl,
+    window_decode_attention,
+)
 from sera_jax.sampling.paged_cache import Pool, write_kv, write_slots
 from sera_jax.sampling.sample import sample_tokens
+
 
 @flax.struct.dataclass
 class RowState:

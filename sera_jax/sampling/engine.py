@@ -9,9 +9,9 @@ Usage::
     engine.load_weights(trainer_params)                # on-device reshard + cast; bumps result.policy_version
 
 A background driver thread owns the device loop, so the event loop (agents, env RPCs) keeps running while the device
-decodes. Each round it admits waiting requests, dispatches one prefill call and the decode chunks (a jitted
-``lax.while_loop`` each; rows of very different context lengths may go in separate chunks, see
-``EngineConfig.decode_groups``), and only then parses the previous round's outputs: the device never waits for the
+decodes. Each round it admits waiting requests, dispatches up to ``EngineConfig.prefill_calls`` prefill calls and
+the decode chunks (a jitted ``lax.while_loop`` each; rows of very different context lengths may go in separate chunks,
+see ``EngineConfig.decode_groups``), and only then parses the previous round's outputs: the device never waits for the
 host's parsing. Cancelling the awaiting coroutine frees the request's slot and blocks.
 
 Parameter layout: the sampler keeps its own copy of the weights in ``EngineConfig.dtype`` laid out by ``rules``
@@ -29,14 +29,13 @@ import threading
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sera_jax.model.config import Qwen3Config
 from sera_jax.model.qwen3 import abstract_params
-from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
 from sera_jax.model.sharding import param_shardings
+from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
 from sera_jax.parallel.rules import SAMPLE_RULES, Rules
 from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill
 from sera_jax.sampling.engine_config import EngineConfig
@@ -209,8 +208,10 @@ class Engine:
 
     def _dispatch_round(self) -> list[tuple]:
         out = []
-        pb = self.sched.plan_prefill()
-        if pb is not None:
+        for _ in range(self.config.prefill_calls):
+            pb = self.sched.plan_prefill()
+            if pb is None:
+                break
             self.pool, self.state, tok, lp, _ = self._prefill(
                 self.params, self.pool, self.state, pb.tokens, pb.ctx_len, pb.new_len, pb.table, pb.ctx_table, pb.slot,
                 pb.rows)

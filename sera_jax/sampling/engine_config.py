@@ -44,18 +44,23 @@ def cpu_shapes(max_batch: int, max_context: int, block_size: int = 16) -> dict[s
       table), not the whole table: the workload's prefill time halved (3.8 → 1.9 s for 32 agents). Prefill pieces
       are at most 512 tokens in 64/128/256/512 buckets; finer length buckets (32..384) computed less but compiled 12
       more shapes, a wash on the 147-task evaluation (69.5 vs 72 s). Prefill batches stay at 2: 4 rows was slower.
-    * Decode rows come in powers of two from 8 up to ``max_batch`` (an evaluation at concurrency 16 keeps ~9 of its
-      32 rows live), and a round's rows are split into up to two chunks by the width they need (a quarter, a half or
-      the whole table): a decode step reads each row's whole window, 3.7 ms for 16 rows at 1,024 tokens against
-      1.6 at 512 and 1.0 at 256, so short rows no longer pay for the longest (decode time 2.8 → 1.7 s).
+    * Decode rows come in powers of two from 4 up to ``max_batch`` (an evaluation at concurrency 16 keeps ~8 of its
+      32 rows decoding), and a round's rows are split into up to four chunks by the width they need (a quarter, a
+      half or the whole table), at the cut points of least modelled cost (``scheduler.DECODE_*``): a decode step
+      reads each row's whole window, so short rows should not pay for the longest, and padding rows cost as much as
+      live ones: only 39% of the window columns a round read were live with 8/16/32 rows and two chunks.
+    * Two prefill calls a round: with one, ~4 of the 16 agents waited in the queue at any time, their turns done
+      but not yet admitted; with two, ~2 (and ~7.8 rows decode instead of ~6.6).
+
+    These two took the replay from 6.0 to 5.0 s (after the reference attention's batched-matmul layout, 7.7 → 6.0 s).
     """
     max_prefill = min(512, max_context)
     lens = tuple(n for n in (64, 128, 256) if n < max_prefill) + (max_prefill,)
-    rows = tuple(1 << k for k in range(3, max(3, (max_batch - 1).bit_length())) if 1 << k < max_batch) + (max_batch,)
+    rows = tuple(1 << k for k in range(2, max(2, (max_batch - 1).bit_length())) if 1 << k < max_batch) + (max_batch,)
     width = math.ceil(max_context / block_size)
     ctx = tuple(sorted({0, width, *(width >> k for k in (2, 1) if width >> k)}))
-    return dict(batch_buckets=rows, width_buckets=ctx[1:], decode_groups=2, prefill_ctx_buckets=ctx,
-                prefill_batch_buckets=(2,), max_prefill_batch=2, prefill_len_buckets=lens,
+    return dict(batch_buckets=rows, width_buckets=ctx[1:], decode_groups=4, prefill_ctx_buckets=ctx,
+                prefill_batch_buckets=(2,), max_prefill_batch=2, prefill_calls=2, prefill_len_buckets=lens,
                 max_prefill_len=max_prefill, max_prefill_tokens=max(8192, 2 * max_prefill))
 
 
@@ -73,6 +78,7 @@ class EngineConfig:
     max_context: int = 4096  # prompt + completion tokens per request
     chunk_steps: int = 16  # decode steps per device call
     decode_groups: int = 1  # decode calls per round at most, each over rows of similar context length
+    prefill_calls: int = 1  # prefill calls per round at most (each up to max_prefill_batch rows)
     max_prefill_len: int = 2048  # tokens of one request per prefill call (longer prompts go in pieces)
     max_prefill_batch: int = 8
     max_prefill_tokens: int = 8192  # rows × padded length of one prefill call
@@ -92,7 +98,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         errors = []
         for name in ("max_batch", "block_size", "num_blocks", "max_context", "chunk_steps", "decode_groups",
-                     "max_prefill_len",
+                     "prefill_calls", "max_prefill_len",
                      "max_prefill_batch", "max_prefill_tokens", "min_prefill_len"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name} must be positive, got {getattr(self, name)}")

@@ -7,7 +7,6 @@ XLA's fast-compile options; every test measures deltas of the engine's counters 
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import jax
 import jax.numpy as jnp

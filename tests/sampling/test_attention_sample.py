@@ -43,6 +43,20 @@ def test_paged_attention_equals_dense_over_scattered_blocks():
         np.testing.assert_allclose(out[r], dense[0, n - t:n], atol=1e-5)
 
 
+def test_paged_attention_without_cached_context_is_causal_attention():
+    """A first prefill (``W = 0``: no table columns, nothing cached) attends causally over its new tokens only, each
+    query head to its own KV group."""
+    rs = np.random.RandomState(1)
+    b, t, h, kv, e = 2, 7, 4, 2, 8
+    q = rs.randn(b, t, h, e).astype(np.float32)
+    k = rs.randn(b, t, kv, e).astype(np.float32)
+    v = rs.randn(b, t, kv, e).astype(np.float32)
+    pool = rs.randn(1, 3, 4, kv, e).astype(np.float32)
+    out = paged_attention(q, k, v, pool, pool, jnp.int32(0), np.zeros((b, 0), np.int32), np.zeros(b, np.int32))
+    dense, _ = dense_attention(q, k, v, None, {"segment_ids": np.ones((b, t), np.int32)})
+    np.testing.assert_allclose(out, dense, atol=1e-5)
+
+
 def test_sampler_greedy_top_p_and_per_row_keys():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 4, jnp.float32))
     keys = jax.random.key_data(jax.random.split(jax.random.key(0), 4))

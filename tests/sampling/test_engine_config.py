@@ -13,11 +13,11 @@ from sera_jax.sampling.engine_config import cpu_shapes
 def test_cpu_shapes_cover_every_context_with_short_prefill_pieces(context):
     ec = EngineConfig(max_batch=32, max_context=context, num_blocks=4096, dtype="float32", **cpu_shapes(32, context))
     b = ec.buckets()
-    assert b["batch"] == (8, 16, 32) and b["prefill_batch"] == (2,)  # decode rows: the live slots' power of two
+    assert b["batch"] == (4, 8, 16, 32) and b["prefill_batch"] == (2,)  # decode rows: the live slots' power of two
     full = -(-context // 16)
     # Decode widths: a quarter, a half and the whole table (fewer for tiny contexts); the engine splits a round's
-    # rows by the width they need (decode_groups=2).
-    assert b["width"][-1] == full and len(b["width"]) <= 3 and ec.decode_groups == 2
+    # rows by the width they need (up to decode_groups=4 chunks) and admits with two prefill calls a round.
+    assert b["width"][-1] == full and len(b["width"]) <= 3 and ec.decode_groups == 4 and ec.prefill_calls == 2
     # Prefill reads only the cached context: none (a first prefill), a quarter, a half or the whole table.
     assert b["prefill_ctx"][0] == 0 and b["prefill_ctx"][-1] == full and len(b["prefill_ctx"]) <= 4
     assert b["prefill_len"][-1] == ec.max_prefill_len == min(512, context)
@@ -36,4 +36,4 @@ def test_the_tiny_default_engines_use_the_cpu_shapes():
         full = -(-ctx // 16)
         assert ec.width_buckets == (full // 4, full // 2, full) and ec.batch_buckets[-1] == ec.max_batch
         assert ec.prefill_ctx_buckets == (0, full // 4, full // 2, full)
-        assert all(b >= 8 and b & (b - 1) == 0 for b in ec.batch_buckets[:-1])
+        assert all(b >= 4 and b & (b - 1) == 0 for b in ec.batch_buckets[:-1])
