@@ -1,7 +1,8 @@
-"""The engine's pure device functions: prefill past a cached prefix, and decode a chunk inside one ``while_loop``.
+"""The engine's pure device functions: prefill past a cached prefix, sample the prefilled rows' first tokens, and
+decode a chunk inside one ``while_loop``.
 
-Both take (params, pool, row state, batch arrays) and return new values; nothing is hidden in closures except the
-static model config and block size. The row state is the part of the batch that lives on device between chunks, so
+Each takes (params, pool and/or row state, batch arrays) and returns new values; nothing is hidden in closures except
+the static model config and block size. The row state is the part of the batch that lives on device between chunks, so
 the host can dispatch the next chunk before it has read the previous one: a ``RowState`` pytree (token, len,
 n_gen, done; [R] each).
 
@@ -16,7 +17,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from sera_jax.model.config import Qwen3Config
 from sera_jax.model.qwen3 import DecoderLayer, Qwen3, rope_tables
@@ -130,18 +131,18 @@ def _hits_stop(tokens_B, stop_ids_BS):
     return jnp.any(tokens_B[:, None] == stop_ids_BS, axis=-1)
 
 
-def prefill(params, pool: Pool, state: RowState, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Array, "B"],
-            new_len_B: Int[Array, "B"], table_BW: Int[Array, "B W"], ctx_table_BC: Int[Array, "B C"],
-            slot_B: Int[Array, "B"], rows: RowConfig, *, cfg: Qwen3Config, block_size: int):
-    """Computes the uncached part of each prompt and samples its first token.
+def prefill(params, pool: Pool, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Array, "B"], new_len_B: Int[Array, "B"],
+            table_BW: Int[Array, "B W"], ctx_table_BC: Int[Array, "B C"], *, cfg: Qwen3Config, block_size: int):
+    """Computes the uncached part of each prompt; returns (pool, the last new token's logits [B, V] fp32).
 
     Row ``b`` has ``ctx_len[b]`` prompt tokens already in the pool and ``new_len[b]`` (≥ 1) new ones in
     ``tokens[b, :new_len]``. The new tokens' K/V are written through ``table`` (wide enough for ctx + new); the
     attention reads the cached part through ``ctx_table`` (the first ``C`` ≥ ⌈ctx_len / block_size⌉ entries of the
     same tables), so its cost follows the cached context, not the table width (``C = 0``: nothing is cached, no
-    cache read at all). Padding rows have ``slot`` out of range (their state update is dropped) and an all-zero
-    table (their writes go to the trash block). Returns (pool, state, first_token [B], first_logprob [B],
-    done [B]); the state rows ``slot`` are reset to the new requests.
+    cache read at all). Padding rows have an all-zero table (their writes go to the trash block).
+
+    The first token is sampled by ``start_rows``, a separate call: the sampler (top-p sort, threefry draws) was
+    ~40% of each prefill shape's compile time on CPU, and one sampler executable serves every prefill shape.
     """
     b, t = tokens_BT.shape
     positions = ctx_len_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
@@ -149,12 +150,19 @@ def prefill(params, pool: Pool, state: RowState, tokens_BT: Int[Array, "B T"], c
     hidden, unembed, kv = run_model(params, cfg, pool, tokens_BT, positions, ctx_table_BC, ctx_len_B)
     pool = write_kv(pool, kv["k"], kv["v"], write_slots(table_BW, positions, valid, block_size))
     last = jnp.take_along_axis(hidden, (new_len_B - 1)[:, None, None], axis=1)[:, 0]
-    logits = jnp.einsum("bd,dv->bv", last, unembed, preferred_element_type=jnp.float32)
-    tok, lp = sample_tokens(logits, rows["temperature"], rows["top_p"], rows["key"], jnp.zeros((b,), jnp.int32))
+    return pool, jnp.einsum("bd,dv->bv", last, unembed, preferred_element_type=jnp.float32)
+
+
+def start_rows(state: RowState, logits_BV: Float[Array, "B V"], ctx_len_B: Int[Array, "B"], new_len_B: Int[Array, "B"],
+               slot_B: Int[Array, "B"], rows: RowConfig):
+    """Samples each prefilled row's first token from ``prefill``'s logits and resets the state rows ``slot`` to the
+    new requests (padding rows and pieces that are not a prompt's last have ``slot`` out of range: dropped).
+    Returns (state, first_token [B], first_logprob [B], done [B])."""
+    b = logits_BV.shape[0]
+    tok, lp = sample_tokens(logits_BV, rows["temperature"], rows["top_p"], rows["key"], jnp.zeros((b,), jnp.int32))
     done = _hits_stop(tok, rows["stop_ids"]) | (rows["max_new"] <= 1)
     new = RowState(token=tok, len=ctx_len_B + new_len_B, n_gen=jnp.ones((b,), jnp.int32), done=done)
-    state = state.set_rows(slot_B, new, mode="drop")
-    return pool, state, tok, lp, done
+    return state.set_rows(slot_B, new, mode="drop"), tok, lp, done
 
 
 def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], table_BW: Int[Array, "B W"],

@@ -37,7 +37,7 @@ from sera_jax.model.qwen3 import abstract_params
 from sera_jax.model.sharding import param_shardings
 from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
 from sera_jax.parallel.rules import SAMPLE_RULES, Rules
-from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill
+from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill, start_rows
 from sera_jax.sampling.engine_config import EngineConfig
 from sera_jax.sampling.paged_cache import make_pool, pool_sharding
 from sera_jax.sampling.request import Request, make_request
@@ -69,8 +69,9 @@ class Engine:
         opts = dict(config.compiler_options) or None
         rep = self._replicated
         self._prefill = jax.jit(functools.partial(prefill, cfg=self.cfg, block_size=config.block_size),
-                                donate_argnums=(1, 2), out_shardings=(pool_sh, rep, rep, rep, rep),
-                                compiler_options=opts)
+                                donate_argnums=(1,), out_shardings=(pool_sh, rep), compiler_options=opts)
+        self._start = jax.jit(start_rows, donate_argnums=(0,), out_shardings=(rep, rep, rep, rep),
+                              compiler_options=opts)
         self._decode = jax.jit(functools.partial(decode_chunk, cfg=self.cfg, block_size=config.block_size,
                                                  steps=config.chunk_steps),
                                donate_argnums=(1, 2), out_shardings=(pool_sh, rep, rep, rep), compiler_options=opts)
@@ -212,9 +213,9 @@ class Engine:
             pb = self.sched.plan_prefill()
             if pb is None:
                 break
-            self.pool, self.state, tok, lp, _ = self._prefill(
-                self.params, self.pool, self.state, pb.tokens, pb.ctx_len, pb.new_len, pb.table, pb.ctx_table, pb.slot,
-                pb.rows)
+            self.pool, logits = self._prefill(self.params, self.pool, pb.tokens, pb.ctx_len, pb.new_len, pb.table,
+                                              pb.ctx_table)
+            self.state, tok, lp, _ = self._start(self.state, logits, pb.ctx_len, pb.new_len, pb.slot, pb.rows)
             self.sched.prefill_dispatched(pb)
             out.append(("prefill", pb, tok, lp))
         for db in self.sched.plan_decode():
@@ -247,10 +248,11 @@ class Engine:
                 if b > bk["prefill_batch"][0] and b * t > c.max_prefill_tokens:
                     continue
                 rc = {k: np.zeros((b,) + v.shape[1:], v.dtype) for k, v in rows.items()}
-                self.pool, self.state, *_ = self._prefill(
-                    self.params, self.pool, self.state, np.zeros((b, t), np.int32), np.zeros(b, np.int32),
-                    np.ones(b, np.int32), np.zeros((b, w_max), np.int32), np.zeros((b, cb), np.int32),
-                    np.full(b, self.sched.rows, np.int32), rc)
+                self.pool, logits = self._prefill(
+                    self.params, self.pool, np.zeros((b, t), np.int32), np.zeros(b, np.int32), np.ones(b, np.int32),
+                    np.zeros((b, w_max), np.int32), np.zeros((b, cb), np.int32))
+                self.state, *_ = self._start(self.state, logits, np.zeros(b, np.int32), np.ones(b, np.int32),
+                                             np.full(b, self.sched.rows, np.int32), rc)
             for b in bk["batch"]:
                 for w in bk["width"]:
                     rc = {k: v[:b].copy() for k, v in rows.items()}
@@ -262,7 +264,7 @@ class Engine:
 
     def compile_count(self) -> int:
         """Returns how many executables the engine's device functions have compiled so far."""
-        return self._prefill._cache_size() + self._decode._cache_size()
+        return self._prefill._cache_size() + self._start._cache_size() + self._decode._cache_size()
 
     def stats(self) -> dict[str, int]:
         """Returns counters: prefill/cached/generated tokens, calls, finish reasons, and block usage now and at peak."""
