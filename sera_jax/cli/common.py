@@ -29,7 +29,7 @@ def use_compilation_cache() -> str | None:
     The directory is ``$SERA_JAX_COMPILATION_CACHE`` (``0``/``off``/``false`` turn it off; unset, ``1``/``on``/
     ``true``: ``~/.cache/sera_jax/xla``).
     Compiled executables are then reused by the next run on this machine: the tiny default's 147-task evaluation
-    compiles ~20 engine shapes, ~13 s of its ~69 s on 2 cores, and a repeat run skips them. The cache is keyed on the
+    compiles ~22 engine shapes, ~16 s of its ~55 s on 2 cores, and a repeat run skips them. The cache is keyed on the
     program, jax version and device, so a stale entry is never used. An explicit ``jax_compilation_cache_dir``
     (``$JAX_COMPILATION_CACHE_DIR``) is left alone.
     """
