@@ -40,6 +40,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sera_jax.model import Qwen3Config, init_params, save_pretrained  # noqa: E402
+from sera_jax.profiling.flops import decode_flops  # noqa: E402
 from sera_jax.sampling import Engine, EngineConfig, SamplingParams  # noqa: E402
 
 
@@ -79,23 +80,19 @@ def hf_generate(model, prompts, new_tokens):
 WORKLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tiny_eval_turns.json")
 
 
-def workload_flops(cfg, chains) -> tuple[float, float]:
-    """Returns (matmul, attention) FLOPs the workload needs at the least: every token each turn adds to its agent's
-    history (the prompt's new part, all of it after a cut, and the completion) through the trunk once, attending
-    causally to its history, and the unembedding of each sampled token (the least any engine must compute)."""
-    d, f, h, k, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    per_token = 2 * cfg.num_layers * (d * h * e + 2 * d * k * e + h * e * d + 3 * d * f)
-    matmul = attention = 0.0
+def workload_flops(cfg, chains) -> float:
+    """Returns the FLOPs the workload needs at the least: every token each turn adds to its agent's history (the
+    prompt's new part, all of it after a cut, and the completion but its last token) through the model once at its
+    position (``profiling.flops.decode_flops``), without the unembedding for prompt tokens that sample nothing."""
+    contexts, silent = [], 0
     for chain in chains:
         prev = 0
         for p, c in chain:
             start = prev if p >= prev else 0
-            n = p + c - start - 1  # the last sampled token is never fed back
-            matmul += n * per_token + c * 2 * d * cfg.vocab_size
-            # token at position i attends to i + 1 keys: 4 * H * E FLOPs a key a layer (scores and values)
-            attention += 4 * h * e * cfg.num_layers * ((start + n) * (start + n + 1) - start * (start + 1)) / 2
+            contexts.extend(range(start, p + c - 1))
+            silent += p - start - 1  # prompt tokens before the last one: no logits needed
             prev = p + c
-    return matmul, attention
+    return decode_flops(cfg, contexts) - 2.0 * cfg.vocab_size * cfg.hidden_size * silent
 
 
 def matmul_rate(cfg) -> float:
@@ -217,12 +214,11 @@ def bench_workload(num_agents: int) -> str:
           f"{mp} and completion {mc})")
     print(f"  -> engine / transformers on the job's shapes: {e_tps / h_tps:.2f}x; against its best case "
           f"{e_tps / u_tps:.2f}x (the headline)")
-    mm, att = workload_flops(model_cfg, chains)
-    rate = matmul_rate(model_cfg)
-    floor = (mm + att) / rate
-    print(f"  -> the machine's limit: the turns need {mm / 1e9:.0f} GFLOP of matmuls and {att / 1e9:.0f} of attention "
-          f"at the least; at this machine's best fp32 matmul rate on the model's shapes ({rate / 1e9:.0f} GFLOP/s) "
-          f"that is {floor:.2f} s, so the engine runs at {floor / t_eng:.0%} of it\n")
+    work, rate = workload_flops(model_cfg, chains), matmul_rate(model_cfg)
+    floor = work / rate
+    print(f"  -> the machine's limit: the turns need {work / 1e9:.0f} GFLOP at the least; at this machine's best fp32 "
+          f"matmul rate on the model's shapes ({rate / 1e9:.0f} GFLOP/s) that is {floor:.2f} s, so the engine runs "
+          f"at {floor / t_eng:.0%} of it\n")
     return (f"workload_engine_tps={e_tps:.0f} workload_hf_tps={h_tps:.0f} workload_hf_equal_tps={u_tps:.0f} "
             f"workload_ratio={e_tps / u_tps:.2f} workload_ratio_same_turns={e_tps / h_tps:.2f} "
             f"workload_agents={len(chains)} workload_turns={len(turns)} workload_warmup_executables={compiled} "

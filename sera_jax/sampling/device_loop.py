@@ -144,7 +144,7 @@ def prefill(params, pool: Pool, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Arr
     The first token is sampled by ``start_rows``, a separate call: the sampler (top-p sort, threefry draws) was
     ~40% of each prefill shape's compile time on CPU, and one sampler executable serves every prefill shape.
     """
-    b, t = tokens_BT.shape
+    t = tokens_BT.shape[1]
     positions = ctx_len_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     valid = jnp.arange(t)[None] < new_len_B[:, None]
     hidden, unembed, kv = run_model(params, cfg, pool, tokens_BT, positions, ctx_table_BC, ctx_len_B)

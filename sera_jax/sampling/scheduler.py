@@ -236,20 +236,22 @@ class Scheduler:
         return [self._decode_batch(g, pick_bucket(self.buckets["width"], max(need[i] for i in g)))
                 for g in self._split(order, need)]
 
+    def chunk_cost(self, slots: list[int], need: dict[int, int]) -> int:
+        """Returns the modelled cost of one decode chunk over ``slots`` (sorted by needed blocks), in row-blocks."""
+        b = pick_bucket(self.buckets["batch"], len(slots))
+        return b * (pick_bucket(self.buckets["width"], need[slots[-1]]) + DECODE_ROW_BLOCKS) + DECODE_CALL_COST
+
     def _split(self, order: list[int], need: dict[int, int]) -> list[list[int]]:
         """Returns ``order`` (slots by needed blocks) cut into ≤ ``decode_groups`` consecutive groups of least modelled
         cost (an exact dynamic programme over the cut points: at most ``rows`` × ``decode_groups`` states)."""
-        def cost(i, j):  # the group order[i:j]
-            b = pick_bucket(self.buckets["batch"], j - i)
-            return b * (pick_bucket(self.buckets["width"], need[order[j - 1]]) + DECODE_ROW_BLOCKS) + DECODE_CALL_COST
-
-        n, k_max = len(order), max(1, self.config.decode_groups)
+        n, k_max = len(order), self.config.decode_groups
         # best[k][j]: (cost, cut points) of order[:j] in k groups.
         best = [{0: (0, ())}]
         for k in range(1, k_max + 1):
             row = {}
             for j in range(1, n + 1):
-                options = [(c + cost(i, j), cuts + (i,)) for i, (c, cuts) in best[k - 1].items() if i < j]
+                options = [(c + self.chunk_cost(order[i:j], need), cuts + (i,))
+                           for i, (c, cuts) in best[k - 1].items() if i < j]
                 if options:
                     row[j] = min(options)
             best.append(row)

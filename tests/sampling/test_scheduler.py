@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from sera_jax.sampling import EngineConfig, SamplingParams
-from sera_jax.sampling.engine_config import pick_bucket
 from sera_jax.sampling.request import make_request
-from sera_jax.sampling.scheduler import DECODE_CALL_COST, DECODE_ROW_BLOCKS, Scheduler
+from sera_jax.sampling.scheduler import Scheduler
 
 
 def scheduler(**overrides) -> Scheduler:
@@ -31,16 +30,12 @@ def request(rid: int, n_prompt: int, max_new: int = 8):
 
 def brute_force(sched: Scheduler, order, need, groups):
     """The least modelled cost over every cut of ``order`` into ≤ ``groups`` consecutive groups."""
-    def cost(g):
-        b = pick_bucket(sched.buckets["batch"], len(g))
-        return b * (pick_bucket(sched.buckets["width"], need[g[-1]]) + DECODE_ROW_BLOCKS) + DECODE_CALL_COST
-
     best = float("inf")
     for k in range(groups):
         for cuts in itertools.combinations(range(1, len(order)), k):
             bounds = (0,) + cuts + (len(order),)
-            best = min(best, sum(cost(order[a:b]) for a, b in zip(bounds, bounds[1:])))
-    return best, cost
+            best = min(best, sum(sched.chunk_cost(order[a:b], need) for a, b in zip(bounds, bounds[1:])))
+    return best
 
 
 @pytest.mark.parametrize("groups", [1, 2, 3, 4])
@@ -53,8 +48,7 @@ def test_decode_split_is_the_least_cost_cut(groups, seed):
     order = sorted(need, key=lambda slot: (need[slot], slot))
     split = sched._split(order, need)
     assert [s for g in split for s in g] == order and all(split) and len(split) <= groups
-    want, cost = brute_force(sched, order, need, groups)
-    assert sum(cost(g) for g in split) == want
+    assert sum(sched.chunk_cost(g, need) for g in split) == brute_force(sched, order, need, groups)
 
 
 def test_short_and_long_rows_decode_in_separate_chunks_of_their_own_width():
