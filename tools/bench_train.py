@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 
-
 def _pin_threads(argv: list[str]) -> int:
     """Pins this process to ``--threads`` cores (default 1) before JAX or torch start their thread pools; returns
     the count. On a shared machine an oversubscribed intra-op pool spin-waits (torch with 2 threads on 2 busy cores
@@ -60,8 +59,9 @@ import numpy as np  # noqa: E402
 from sera_jax.model import Qwen3Config, init_params, save_pretrained  # noqa: E402
 from sera_jax.rl.batch import pack_datums  # noqa: E402
 from sera_jax.rl.datums import Datum  # noqa: E402
+from sera_jax.rl.losses import StepConfig  # noqa: E402
 from sera_jax.rl.optim import OptimConfig, make_optimizer  # noqa: E402
-from sera_jax.training.step import StepConfig, init_train_state, make_train_step, stack_micro_batches  # noqa: E402
+from sera_jax.training.step import init_train_state, make_train_step, stack_micro_batches  # noqa: E402
 
 # "Small but not trivial": matmuls of a few hundred wide dominate, not per-op dispatch.
 FULL = dict(model=dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6,

@@ -16,7 +16,7 @@ def _ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     """``sera-ablate [CONFIG.yaml ...] [a.b=c ...] [--methods a,b] [--seeds 1,2] [--out DIR]``; returns the exit
     status."""
-    from sera_jax.training.ablate import DEFAULT_METHODS, VARIANTS, ablate
+    from sera_jax.experiments.ablate import DEFAULT_METHODS, VARIANTS, ablate
 
     p = argparse.ArgumentParser(prog="sera-ablate", description=(
         "Compare methods over seeds on one setting (default: the tiny CPU config): each (method, seed) is a full "

@@ -10,9 +10,9 @@ import sys
 from tqdm import tqdm
 
 from sera_jax.cli.common import CONFIG_ERROR, load_or_report, use_compilation_cache
+from sera_jax.experiments.default_run import run_default
+from sera_jax.experiments.dry_run import dry_run
 from sera_jax.training.build import train_from_config
-from sera_jax.training.default_run import run_default
-from sera_jax.training.dry_run import dry_run
 from sera_jax.training.loop import StepOutcome
 
 SHOWN = ("groups_accepted", "groups_started", "trainable_datums", "root_success", "delegation_rate",

@@ -1,13 +1,13 @@
 """The run configuration's schema: typed frozen dataclasses, one per section, and ``RunConfig``.
 
 Loading (YAML, ``base:`` files, ``a.b=c`` overrides) is ``config/load.py``; cross-field checks ``config/validate.py``.
-Usage (what ``training/build.py`` does)::
+Usage (what ``training/build.py`` and ``sera_jax.assembly`` do)::
 
     # e.g. argv = configs/tiny_cpu.yaml optim.lr=1e-5 train.total_steps=3; check_paths: model.hf_dir must exist
     cfg = load_config(*split_cli(sys.argv[1:]), check_paths=True)
     model_cfg = cfg.model_config()          # Qwen3Config (preset or HF config.json + overrides)
     method = cfg.method_config()            # rl.stages.MethodConfig (paper method + schedule overrides)
-    tx = make_optimizer(cfg.optim)          # cfg.optim is an rl.optim.OptimConfig; cfg.step a trainer.StepConfig
+    tx = make_optimizer(cfg.optim)          # cfg.optim is an rl.optim.OptimConfig; cfg.step an rl.losses.StepConfig
     mesh = make_mesh(cfg.mesh)              # cfg.mesh is a parallel.MeshConfig
     check_mesh(cfg, jax.device_count())     # after initialize_distributed, when the mesh holds a -1
 
@@ -28,9 +28,9 @@ from sera_jax.agents.env_name import EnvName
 from sera_jax.model import Qwen3Config
 from sera_jax.parallel.mesh import MeshConfig
 from sera_jax.rl.batch import DEFAULT_BUCKETS
+from sera_jax.rl.losses import StepConfig
 from sera_jax.rl.optim import OptimConfig
 from sera_jax.rl.stages import MethodConfig, method_config
-from sera_jax.training.step import StepConfig
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
            "TrainSection", "JudgeSection", "EvalSection", "WarmStartSection", "RunConfig"]

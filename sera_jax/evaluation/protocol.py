@@ -32,6 +32,9 @@ from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.records import Tree, write_jsonl
 from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.assembly.engines import kv_cache_budget_bytes
+from sera_jax.assembly.tasks import load_env_tasks
+from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import RunConfig
 from sera_jax.evaluation.report import (
     DIFFICULTY_ORDER,
@@ -47,10 +50,8 @@ from sera_jax.model.tokenizer import load_tokenizer
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling import Engine, EngineConfig
 from sera_jax.sampling.engine_config import cpu_shapes
-from sera_jax.training.build import kv_cache_budget_bytes, load_env_tasks
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
 from sera_jax.warmstart.sft import SHIPPED_DIR, shipped_matches
-from sera_jax.warmstart.tokenizer import resolve_tokenizer
 
 __all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
            "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
@@ -68,12 +69,11 @@ class Policy:
 
 
 def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir: str | Path | None = None,
-                work_dir: str | Path = ".", version: int | None = None) -> Policy:
+                version: int | None = None) -> Policy:
     """Returns the Policy to evaluate: a run checkpoint's params (its metadata's model config and tokenizer), a HF
     directory's, or else ``cfg``'s model: ``model.hf_dir``; ``model.init_from``'s newest checkpoint, or the shipped
     warm start when ``cfg``'s warm-start recipe is the shipped one (the tiny default: what its training starts from);
-    else a random init from ``train.seed`` with ``cfg``'s tokenizer (``builtin:textcraft`` is built into
-    ``work_dir``)."""
+    else a random init from ``train.seed`` with ``cfg``'s tokenizer."""
 
     if checkpoint is not None and hf_dir is not None:
         raise ValueError("give a checkpoint or a HF directory, not both")
@@ -88,7 +88,7 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
         if tok_path and Path(tok_path).exists():
             return Policy(model_cfg, params, load_tokenizer(tok_path), str(tok_path),
                           f"checkpoint {ck_dir} version {meta.get('version')}")
-        tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, work_dir)
+        tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)
         return Policy(model_cfg, params, tok, str(tok_path), f"checkpoint {ck_dir} version {meta.get('version')}")
     hf = hf_dir if hf_dir is not None else cfg.model.hf_dir
     if hf is not None:
@@ -96,15 +96,15 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
         model_cfg, params = load_pretrained(hf, param_dtype=m.param_dtype, dtype=m.dtype)
         has_tok = any((Path(hf) / n).is_file() for n in ("tokenizer.json", "tokenizer.model"))
         spec = str(hf) if has_tok or cfg.model.tokenizer is None else cfg.model.tokenizer
-        tok, tok_path = resolve_tokenizer(spec, str(hf), work_dir)
+        tok, tok_path = resolve_tokenizer(spec, str(hf))
         return Policy(model_cfg, params, tok, str(tok_path), f"hf {hf}")
     init_from = Path(cfg.model.init_from) if cfg.model.init_from is not None else None
     if init_from is not None and (init_from / "checkpoints").is_dir():
-        return load_policy(cfg, checkpoint=init_from, work_dir=work_dir)   # e.g. a built warm start
+        return load_policy(cfg, checkpoint=init_from)   # e.g. a built warm start
     if init_from is not None and shipped_matches(cfg):
-        return load_policy(cfg, hf_dir=SHIPPED_DIR, work_dir=work_dir)     # the shipped warm start of its recipe
+        return load_policy(cfg, hf_dir=SHIPPED_DIR)     # the shipped warm start of its recipe
     model_cfg = cfg.model_config()
-    tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, None, work_dir)
+    tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, None)
     params = init_params(jax.random.fold_in(jax.random.key(cfg.train.seed), 0), model_cfg)
     return Policy(model_cfg, params, tok, str(tok_path), f"random init (preset {cfg.model.preset}, "
                                                            f"seed {cfg.train.seed})")
@@ -243,7 +243,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     runs = e.num_runs if num_runs is None else num_runs
     engine, source = None, "generator"
     if generator is None:
-        policy = load_policy(cfg, checkpoint=checkpoint, hf_dir=hf_dir, work_dir=out_dir, version=version)
+        policy = load_policy(cfg, checkpoint=checkpoint, hf_dir=hf_dir, version=version)
         if policy.tokenizer.vocab_size > policy.model_cfg.vocab_size:
             raise ValueError(f"tokenizer {policy.tokenizer_path} has {policy.tokenizer.vocab_size} tokens, more "
                              f"than the model's vocab_size {policy.model_cfg.vocab_size}")

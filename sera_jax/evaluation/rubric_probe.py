@@ -42,8 +42,8 @@ from sera_jax.agents.launchers.counterfactual import rank_fork_groups
 from sera_jax.agents.launchers.factory import make_launcher_factory, rubric_stage_config
 from sera_jax.agents.records import ForkGroup, Tree, dumps_tree, loads_tree, read_jsonl, write_jsonl
 from sera_jax.agents.runtime import run_tree, start_pool
+from sera_jax.assembly.settings import runtime_settings, stage_settings
 from sera_jax.rl.rewards import hinge_rank_reward
-from sera_jax.training.build import runtime_settings, stage_settings
 from sera_jax.training.stats import pairwise_accuracy, ranking_auc
 
 __all__ = ["mixed_group", "collect_probe_set", "load_probe_set", "score_probe", "probe_metrics", "PROBE_FILE"]

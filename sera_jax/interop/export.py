@@ -8,23 +8,17 @@ loads with the same logits. ``import_pretrained``: the reverse — a HF director
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
 
-from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir, run_metadata
-from sera_jax.model import Qwen3Config, load_pretrained, save_pretrained
+from sera_jax.model import load_pretrained, save_pretrained
 from sera_jax.rl.optim import OptimConfig, make_optimizer
+from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir, model_config_record, run_metadata
 from sera_jax.training.step import init_train_state
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "tokenizer.model")
-
-
-def model_config_record(cfg: Qwen3Config) -> dict[str, Any]:
-    """Returns the model config as stored in checkpoint metadata (``meta["model_config"]``)."""
-    return dataclasses.asdict(cfg)
 
 
 def copy_tokenizer(src: str | Path | None, dst: str | Path) -> list[str]:

@@ -7,6 +7,7 @@ sum of micro-batch losses (and gradients) equal the loss of the unsplit batch, w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -14,10 +15,25 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-__all__ = ["cispo_loss", "pg_loss", "LOSSES", "register_loss", "get_loss", "loss_on_batch"]
+__all__ = ["StepConfig", "cispo_loss", "pg_loss", "LOSSES", "register_loss", "get_loss", "loss_on_batch"]
 
 LossFn = Callable[..., Float[Array, ""]]
 LOSSES: dict[str, LossFn] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The loss of a training step (a name in ``LOSSES``), CISPO's ratio clip, and the advantage sign."""
+
+    loss: str = "cispo"
+    ratio_min: float = 0.0
+    ratio_max: float = 5.0
+    # -1 flips every advantage: the control run that must not improve (a sanity check of the learning signal).
+    advantage_sign: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.advantage_sign not in (1.0, -1.0):
+            raise ValueError(f"advantage_sign must be 1 or -1, got {self.advantage_sign}")
 
 
 def register_loss(name: str) -> Callable[[LossFn], LossFn]:

@@ -71,17 +71,6 @@ class AdmittedGroup:
     start_version: int
 
 
-def per_rank_concurrency(max_concurrent_rollouts: int, ranks: int = 8) -> int:
-    """Returns C = max(1, ⌊max_concurrent_rollouts / ranks⌋): the reference splits the cap over its 8 ranks."""
-    return max(1, max_concurrent_rollouts // ranks)
-
-
-def max_groups_in_flight(ranks: int, concurrency: int, max_offpolicyness: int, speculative: int = 0) -> int:
-    """Returns the most task groups that can run at once: per rank min(C, ofp + 1) under the quota, plus the
-    speculative ones (sizes the sampling engine's rows)."""
-    return ranks * (min(concurrency, max_offpolicyness + 1) + speculative)
-
-
 class Admission:
     """Runs task groups per rank under the §2 quota and hands each step one accepted group per rank.
 

@@ -1,5 +1,7 @@
 """Builds a training run from a ``RunConfig``: mesh, model, tokenizer, optimizer state, engine, env workers, judge,
-launchers per stage, checkpoints and metrics — everything ``train.Loop`` needs — and runs it.
+launchers per stage, checkpoints and metrics — everything ``train.Loop`` needs — and runs it. The config-only
+pieces it shares with evaluation and the warm start (tasks, runtime settings, engine sizes, judge settings, the
+tokenizer) come from ``sera_jax.assembly``.
 
 ``sera-train`` (``sera_jax.cli.train``) is a thin wrapper over ``train_from_config``.
 """
@@ -8,60 +10,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable
 
 import jax
 
-import envs_py.textcraft as textcraft_env
-import envs_py.textworld_sync as textworld_env
 from sera_jax.agents.judge import frozen_policy_engine, make_judge
 from sera_jax.agents.launchers.factory import make_launcher_factory, usable_trees
 from sera_jax.agents.runtime import run_trees, start_pool
-from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.agents.subagent_judge import DeferredJudge, SubagentJudge
-from sera_jax.config import ConfigError, RunConfig, check_mesh
+from sera_jax.assembly.concurrency import groups_in_flight, per_rank_concurrency
+from sera_jax.assembly.engines import JUDGE_KV_FRACTION, KV_FRACTION, engine_config, num_engines
+from sera_jax.assembly.judge import judge_settings
+from sera_jax.assembly.settings import runtime_settings, stage_settings
+from sera_jax.assembly.tasks import load_env_tasks
+from sera_jax.assembly.tokenizer import resolve_tokenizer
+from sera_jax.config import RunConfig, check_mesh
 from sera_jax.model import init_params, load_pretrained
 from sera_jax.parallel.mesh import initialize_distributed, make_mesh
 from sera_jax.rl.optim import make_optimizer
-from sera_jax.sampling import EngineConfig
-from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.sampling.replicas import EngineReplicas
-from sera_jax.training.admission import max_groups_in_flight, per_rank_concurrency
-from sera_jax.training.checkpoint import Checkpointer, sha256_file
-from sera_jax.training.loop import Loop, StepOutcome, make_meta
+from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
+from sera_jax.training.loop import Loop, StepOutcome
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.step import make_train_step, shard_train_state
 from sera_jax.training.task_stream import TaskStream
-from sera_jax.warmstart.tokenizer import resolve_tokenizer
-
-GENERATED_TRAIN_TASKS = 4000
-
-
-def load_env_tasks(cfg: RunConfig) -> tuple[list[Any], list[str]]:
-    """Returns (tasks filtered by ``env.difficulties``, the data files they came from)."""
-    if cfg.env.name == "textcraft":
-        if cfg.env.task_set == "generated":
-            # The generator's train split (train items only: disjoint from every val item), by the upstream rules.
-            tasks, files = textcraft_env.generate_tasks("train", n_train=GENERATED_TRAIN_TASKS), []
-        else:
-            tasks = textcraft_env.load_tasks(cfg.env.task_set)
-            files = [cfg.env.task_set] if Path(cfg.env.task_set).is_file() else []
-    else:
-        path = Path(cfg.env.task_set)
-        if path.is_file():
-            tasks, files = textworld_env.load_tasks(path), [str(path)]
-        elif cfg.env.task_set == "sample":
-            tasks, files = textworld_env.load_tasks("sample"), []
-        else:
-            tasks, files = textworld_env.generate_tasks(cfg.env.task_set), []
-    if cfg.env.difficulties:
-        tasks = [t for t in tasks if t.difficulty in cfg.env.difficulties]
-    if not tasks:
-        raise ValueError(f"env.task_set {cfg.env.task_set!r} with difficulties {cfg.env.difficulties} has no task")
-    return tasks, files
 
 
 def task_stream(cfg: RunConfig, num_tasks: int) -> TaskStream:
@@ -70,95 +43,6 @@ def task_stream(cfg: RunConfig, num_tasks: int) -> TaskStream:
     t = cfg.train
     return TaskStream(num_tasks, seed=t.seed if t.data_seed is None else t.data_seed, ranks=cfg.rollout.tasks_per_step,
                       reshuffle=t.reshuffle_each_epoch)
-
-
-def runtime_settings(cfg: RunConfig) -> RuntimeSettings:
-    """Returns the agent runtime settings of the run (training sampling, caps, budgets, determinism)."""
-    r = cfg.rollout
-    return RuntimeSettings.for_env(
-        cfg.env.name, max_steps=cfg.env.max_steps, max_depth=cfg.env.max_depth, max_prompt_tokens=r.max_prompt_tokens,
-        max_context=r.context_tokens, max_new_tokens=r.max_completion_tokens, temperature=r.temperature,
-        top_p=r.top_p, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed,
-        prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
-
-
-def stage_settings(settings: RuntimeSettings, cfg: RunConfig, stage: str, version: int) -> RuntimeSettings:
-    """Returns the runtime settings of one task group: the policy version, and the rubric-generation stage's own
-    temperature when ``rollout.rubric_stage_temperature`` names one."""
-    temp = cfg.rollout.rubric_stage_temperature
-    if stage == "rubric_generation" and temp is not None:
-        return dataclasses.replace(settings, policy_version=version, temperature=temp)
-    return dataclasses.replace(settings, policy_version=version)
-
-
-def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
-    """Returns how many sampling engines this host runs (``rollout.engines``; null = every local GPU, 1 on CPU,
-    where fake devices share the same cores). Raises ConfigError when the host has fewer devices."""
-    n = cfg.rollout.engines
-    if n is None:
-        return len(local_devices) if jax.default_backend() == "gpu" else 1
-    if n > len(local_devices):
-        raise ConfigError(f"rollout.engines: {n} engines need {n} local devices, this host has {len(local_devices)}")
-    return n
-
-
-def judge_settings(cfg: RunConfig) -> dict[str, Any]:
-    """Returns ``make_judge``'s settings for ``cfg.judge``: an OpenAI-compatible endpoint (``judge.endpoint``, else
-    the variable ``judge.endpoint_env`` names; key from ``$SERA_JUDGE_API_KEY``) or the policy_frozen engine."""
-    j = cfg.judge
-    if j.kind == "openai":
-        endpoint = j.endpoint or os.environ.get(j.endpoint_env)
-        if not endpoint:
-            raise ConfigError(f"judge.endpoint: null and ${j.endpoint_env} is not set")
-        return {"kind": "chat", "base_url": endpoint, "model": j.model, "temperature": j.temperature,
-                "max_tokens": j.max_tokens, "max_attempts": j.retries + 1, "timeout_s": j.timeout_s,
-                "api_key": os.environ.get("SERA_JUDGE_API_KEY")}
-    return {"kind": "policy_frozen", "temperature": j.temperature, "max_new_tokens": j.max_tokens,
-            "max_attempts": j.retries + 1}
-
-
-def groups_in_flight(cfg: RunConfig) -> int:
-    """Returns the most task groups the run's admission can have running at once (sizes the engines)."""
-    r, method = cfg.rollout, cfg.method_config()
-    ranks = max(r.tasks_per_step, r.rubric_stage_tasks_per_step or 0)
-    return max_groups_in_flight(ranks, per_rank_concurrency(cfg.max_concurrent_rollouts(), r.tasks_per_step),
-                                method.max_head_offpolicyness, r.speculative_groups_per_rank)
-
-
-KV_FRACTION = 0.35         # of each device's memory for the policy engines' KV pools
-JUDGE_KV_FRACTION = 0.05   # of the first device's, taken from the above, for a policy_frozen judge's engine
-
-
-def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fraction: float = KV_FRACTION
-                  ) -> EngineConfig:
-    """Returns one engine's sizes: rows for its share (of ``engines``) of the in-flight agents of the groups in
-    flight, a KV pool of at most ``kv_fraction`` of device memory."""
-    r = cfg.rollout
-    groups = -(-groups_in_flight(cfg) // engines)
-    rows = 1 << max(3, (groups * r.trees_per_task * 2 - 1).bit_length())
-    rows = min(rows, 256)
-    block = 16
-    blocks_per_seq = -(-r.context_tokens // block)
-    # The pool holds what fits in a share of device memory (paged: rows share it; a request waits when it is full).
-    m = cfg.model_config()
-    bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
-    budget = kv_cache_budget_bytes(kv_fraction)
-    num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
-    shapes = (cpu_shapes(rows, r.context_tokens, block) if jax.default_backend() == "cpu"
-              else dict(max_prefill_len=min(2048, r.context_tokens)))
-    return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks),
-                        max_context=r.context_tokens, dtype=model_dtype, **shapes)
-
-
-def kv_cache_budget_bytes(fraction: float = 0.35) -> int:
-    """Returns the bytes the KV pool may take: a fraction of the first local device's memory limit (GPU), or
-    2 GiB where the backend reports none (CPU)."""
-    try:
-        stats = jax.local_devices()[0].memory_stats() or {}
-    except Exception:  # noqa: BLE001 - backends without memory stats
-        stats = {}
-    limit = stats.get("bytes_limit")
-    return int(limit * fraction) if limit else 2 << 30
 
 
 def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
@@ -192,7 +76,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     check_mesh(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
     model_cfg = cfg.model_config()
-    tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, out_dir)
+    tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
                          f"vocab_size {model_cfg.vocab_size}")

@@ -8,6 +8,7 @@ Saves are asynchronous (orbax); ``close()`` waits, so a run that exits normally 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -15,7 +16,7 @@ import platform
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -47,6 +48,18 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def model_config_record(cfg: Qwen3Config) -> dict[str, Any]:
+    """Returns the model config as stored in checkpoint metadata (``meta["model_config"]``)."""
+    return dataclasses.asdict(cfg)
+
+
+def make_meta(config: dict[str, Any], model_cfg, *, tokenizer_path: str | None,
+              data_files: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """Returns the static part of the checkpoint record: model config, tokenizer path and provenance."""
+    return {"model_config": model_config_record(model_cfg), "tokenizer_path": tokenizer_path,
+            "run": run_metadata(config, list(data_files))}
 
 
 def run_metadata(config: dict[str, Any], data_files: list[str | Path] = ()) -> dict[str, Any]:

@@ -43,7 +43,6 @@ import numpy as np
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.phases import Trace, phase_times, tracing
 from sera_jax.agents.records import write_jsonl
-from sera_jax.interop.export import model_config_record
 from sera_jax.rl.baselines import (
     GroupCredit,
     apply_depth_weights,
@@ -58,7 +57,6 @@ from sera_jax.training.checkpoint import (
     Checkpointer,
     key_from_json,
     key_to_json,
-    run_metadata,
 )
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.stats import tree_metrics
@@ -318,10 +316,3 @@ def _reward_stats(groups: Sequence[GroupCredit]) -> dict[str, float]:
     arr = np.asarray(scalars, np.float64)
     return {"advantage_mean": float(arr.mean()), "advantage_std": float(arr.std()),
             "advantage_abs_max": float(np.abs(arr).max())}
-
-
-def make_meta(config: dict[str, Any], model_cfg, *, tokenizer_path: str | None,
-              data_files: Sequence[str | Path] = ()) -> dict[str, Any]:
-    """Returns the static part of the checkpoint record: model config, tokenizer path and provenance."""
-    return {"model_config": model_config_record(model_cfg), "tokenizer_path": tokenizer_path,
-            "run": run_metadata(config, list(data_files))}

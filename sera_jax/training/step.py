@@ -29,7 +29,7 @@ from sera_jax.model.sharding import param_shardings
 from sera_jax.parallel.mesh import activate
 from sera_jax.parallel.rules import TRAIN_RULES, Rules, mesh_spec
 from sera_jax.rl.batch import MicroBatch
-from sera_jax.rl.losses import get_loss
+from sera_jax.rl.losses import StepConfig, get_loss
 
 
 @flax.struct.dataclass
@@ -37,19 +37,6 @@ class TrainState:
     step: jax.Array  # applied optimizer updates (skipped steps do not count)
     params: Any
     opt_state: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-    loss: str = "cispo"
-    ratio_min: float = 0.0
-    ratio_max: float = 5.0
-    # -1 flips every advantage: the control run that must not improve (a sanity check of the learning signal).
-    advantage_sign: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.advantage_sign not in (1.0, -1.0):
-            raise ValueError(f"advantage_sign must be 1 or -1, got {self.advantage_sign}")
 
 
 def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:

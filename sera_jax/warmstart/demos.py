@@ -24,8 +24,8 @@ from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.textcraft import CONTEXT_SEP, task_string
 from sera_jax.agents.textcraft_prompt import system_prompt, task_message
 from sera_jax.agents.truncation import build_prompt
+from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
-from sera_jax.training.build import runtime_settings
 from sera_jax.warmstart.oracle import TextCraftOracle
 
 CALL_PREFIXES = ("rubric:", "score:")

@@ -30,17 +30,17 @@ from typing import Any, Sequence
 
 import jax
 
+from sera_jax.assembly.tasks import load_env_tasks
+from sera_jax.assembly.tokenizer import SHIPPED, resolve_tokenizer
 from sera_jax.config import check_mesh
 from sera_jax.model import init_params, load_pretrained, save_pretrained
 from sera_jax.parallel.mesh import make_mesh
 from sera_jax.rl.batch import pack_datums
 from sera_jax.rl.datums import Datum
+from sera_jax.rl.losses import StepConfig
 from sera_jax.rl.optim import OptimConfig, make_optimizer
-from sera_jax.training.build import load_env_tasks
-from sera_jax.training.checkpoint import Checkpointer, sha256_file
-from sera_jax.training.loop import make_meta
+from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
 from sera_jax.training.step import (
-    StepConfig,
     batch_axis_size,
     init_train_state,
     make_train_step,
@@ -48,7 +48,6 @@ from sera_jax.training.step import (
     stack_micro_batches,
 )
 from sera_jax.warmstart.demos import DEMO_VERSION, collect_demos
-from sera_jax.warmstart.tokenizer import SHIPPED, resolve_tokenizer
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_warmstart"
 
@@ -158,7 +157,7 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
     try:
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir, out)
+        tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)
         if use_shipped and shipped_matches(cfg):
             _import_shipped(cfg, ck, tok_path)
             record.write_text(json.dumps({"recipe": recipe(cfg), "origin": "shipped"}) + "\n")

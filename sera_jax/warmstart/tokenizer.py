@@ -15,16 +15,14 @@ from pathlib import Path
 from envs_py.textcraft import load_tasks, official_recipes, subagent_result_text
 from sera_jax.agents import rubric as Rb
 from sera_jax.agents import textcraft_prompt as P
-from sera_jax.model.tokenizer import load_tokenizer, train_sentencepiece
+from sera_jax.assembly.tokenizer import SHIPPED
+from sera_jax.model.tokenizer import train_sentencepiece
 from sera_jax.warmstart.oracle import (
     FINAL_CODE,
     TextCraftOracle,
     rubric_text,
     score_text,
 )
-
-BUILTIN_PREFIX = "builtin:"
-SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "textcraft_tiny.model"
 
 
 def _corpus(max_tasks: int = 300) -> list[str]:
@@ -59,20 +57,6 @@ def build_tiny_tokenizer(path: str | Path, vocab_size: int = 1024) -> Path:
         train_sentencepiece(_corpus(), path, vocab_size, num_threads=1, input_sentence_size=0,
                             max_sentence_length=1 << 16, split_by_whitespace=False, max_sentencepiece_length=24)
     return path
-
-
-def resolve_tokenizer(spec: str | None, hf_dir: str | None, run_dir: str | Path):
-    """Returns (tokenizer, path) for a config's ``model.tokenizer`` (see ``config.ModelSection``)."""
-    if spec is None:
-        if hf_dir is None:
-            raise ValueError("model.tokenizer: no tokenizer given and no model.hf_dir to take it from")
-        spec = hf_dir
-    if spec.startswith(BUILTIN_PREFIX):
-        name = spec[len(BUILTIN_PREFIX):]
-        if name != "textcraft":
-            raise ValueError(f"model.tokenizer: unknown builtin tokenizer {name!r} (known: builtin:textcraft)")
-        spec = str(SHIPPED if SHIPPED.is_file() else build_tiny_tokenizer(Path(run_dir) / "tokenizer.model"))
-    return load_tokenizer(spec), spec
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from sera_jax.agents.records import Node, Tree, Turn
 from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.assembly.settings import runtime_settings
 from sera_jax.config import load_config
 from sera_jax.rl.stages import method_config
-from sera_jax.training.build import runtime_settings
 from tests.agents.rubric_scripts import score_text
 
 ROOT = Path(__file__).resolve().parents[2]

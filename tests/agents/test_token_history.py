@@ -11,9 +11,9 @@ from sera_jax.agents.runtime import run_tree
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.agents.truncation import build_prompt, continue_prompt
+from sera_jax.assembly.tokenizer import SHIPPED
 from sera_jax.model.tokenizer import load_tokenizer, render_chatml
 from sera_jax.rl.datums import merge_turns
-from sera_jax.warmstart.tokenizer import SHIPPED
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sera_jax.cli.ablate import main
-from sera_jax.training import ablate as ablate_mod
+from sera_jax.experiments import ablate as ablate_mod
 
 
 @pytest.mark.slow
@@ -44,7 +44,7 @@ def test_two_methods_one_seed_one_step(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a finished run was rerun")
 
-    monkeypatch.setattr("sera_jax.training.default_run.run_default", boom)
+    monkeypatch.setattr("sera_jax.experiments.default_run.run_default", boom)
     report2 = ablate_mod.ablate(["configs/tiny_cpu.yaml"], args[:6], ["sera", "rao"], [353], out, run=boom)
     assert report2["runs"]["sera"][353] == report["runs"]["sera"]["353"]
 

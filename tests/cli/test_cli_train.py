@@ -1,10 +1,11 @@
 """``sera-train --dry-run`` on the tiny CPU default: one real attempt at every stage of the SERA schedule (rollouts
 with the engine and env workers, credit, batch, step) through the command line; config errors name the key."""
 
-import pytest
 import json
 import subprocess
 import sys
+
+import pytest
 
 
 def _run(*args, timeout=900):
@@ -24,7 +25,7 @@ def test_dry_run_passes_every_stage(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in records] == ["execution", "delegation", "rubric_generation"]
     # the builtin tokenizer is the shipped one, recorded with the run
-    from sera_jax.warmstart.tokenizer import SHIPPED
+    from sera_jax.assembly.tokenizer import SHIPPED
     meta = json.loads(next((tmp_path / "run" / "checkpoints").glob("*/meta/metadata")).read_text())
     assert meta["tokenizer_path"] == str(SHIPPED)
 

@@ -185,11 +185,11 @@ def test_policy_from_a_run_checkpoint_or_a_hf_directory(tmp_path):
     import jax
     import numpy as np
 
-    from sera_jax.training.checkpoint import Checkpointer
     from sera_jax.evaluation.protocol import load_policy
-    from sera_jax.interop.export import copy_tokenizer, model_config_record
+    from sera_jax.interop.export import copy_tokenizer
     from sera_jax.model import Qwen3Config, init_params, save_pretrained
     from sera_jax.rl.optim import OptimConfig, make_optimizer
+    from sera_jax.training.checkpoint import Checkpointer, model_config_record
     from sera_jax.training.step import init_train_state
 
     tok_dir = build_qwen_like_tokenizer(tmp_path / "tok")
@@ -205,13 +205,13 @@ def test_policy_from_a_run_checkpoint_or_a_hf_directory(tmp_path):
         return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
     # a run directory (its checkpoints/ found): the metadata's model config and tokenizer, the newest version
-    pol = load_policy(cfg, checkpoint=tmp_path / "run", work_dir=tmp_path)
+    pol = load_policy(cfg, checkpoint=tmp_path / "run")
     assert pol.model_cfg == model_cfg and same(pol.params, params) and "version 5" in pol.source
     assert pol.tokenizer_path == str(tok_dir) and pol.tokenizer.vocab_size == 601
     # a HF directory with its tokenizer files
     save_pretrained(model_cfg, params, tmp_path / "hf")
     copy_tokenizer(tok_dir, tmp_path / "hf")
-    pol = load_policy(cfg, hf_dir=tmp_path / "hf", work_dir=tmp_path)
+    pol = load_policy(cfg, hf_dir=tmp_path / "hf")
     assert pol.model_cfg.vocab_size == 640 and same(pol.params, params) and pol.source.startswith("hf ")
     # (the tiny default — random init, builtin tokenizer built into --out — is what the CLI tests above run)
     with pytest.raises(FileNotFoundError):

@@ -7,7 +7,6 @@ import pytest
 
 from sera_jax.config import ConfigError, RunConfig, from_dict, load_config, split_cli
 from sera_jax.model import Qwen3Config
-from sera_jax.rl.stages import METHODS, method_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
@@ -153,7 +152,7 @@ def test_config_hash_is_stable_and_canonical():
 
 
 def test_rubric_stage_temperature_applies_to_that_stage_only():
-    from sera_jax.training.build import runtime_settings, stage_settings
+    from sera_jax.assembly.settings import runtime_settings, stage_settings
 
     cfg = load_config(ROOT / "configs" / "tiny_cpu.yaml", ["rollout.temperature=0.7",
                                                            "rollout.rubric_stage_temperature=1.0"])

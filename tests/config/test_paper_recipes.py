@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sera_jax.assembly.concurrency import per_rank_concurrency
 from sera_jax.config import ConfigError, load_config
 from sera_jax.model import Qwen3Config
 from sera_jax.rl.stages import METHODS, method_config, position
-from sera_jax.training.admission import per_rank_concurrency
 
 PAPER = Path(__file__).resolve().parents[2] / "configs" / "paper"
 

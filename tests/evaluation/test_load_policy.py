@@ -18,7 +18,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 
 def test_no_checkpoint_means_the_shipped_warm_start(tmp_path):
     cfg = load_config([CONFIG], [f"model.init_from={tmp_path / 'no_warmstart_built_yet'}"])
-    policy = load_policy(cfg, work_dir=tmp_path)
+    policy = load_policy(cfg)
     assert policy.source == f"hf {SHIPPED_DIR}"
     _, shipped = load_pretrained(SHIPPED_DIR)
     for a, b in zip(jax.tree.leaves(policy.params), jax.tree.leaves(shipped)):
@@ -26,8 +26,7 @@ def test_no_checkpoint_means_the_shipped_warm_start(tmp_path):
 
 
 def test_another_recipe_or_no_warm_start_is_a_random_init(tmp_path):
-    none = load_policy(load_config([CONFIG], ["model.init_from=null"]), work_dir=tmp_path)
+    none = load_policy(load_config([CONFIG], ["model.init_from=null"]))
     assert none.source.startswith("random init")
-    other = load_policy(load_config([CONFIG], [f"model.init_from={tmp_path / 'x'}", "warmstart.seed=99"]),
-                        work_dir=tmp_path)
+    other = load_policy(load_config([CONFIG], [f"model.init_from={tmp_path / 'x'}", "warmstart.seed=99"]))
     assert other.source.startswith("random init")  # the shipped weights were built from another recipe

@@ -12,6 +12,7 @@ import pytest
 from envs_py.textcraft import recipe_book
 from sera_jax.agents.records import Branch, ForkGroup
 from sera_jax.agents.scripted import ScriptedGenerator
+from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import load_config
 from sera_jax.evaluation.rubric_probe import (
     collect_probe_set,
@@ -21,7 +22,6 @@ from sera_jax.evaluation.rubric_probe import (
     score_probe,
 )
 from sera_jax.warmstart.oracle import TextCraftOracle
-from sera_jax.warmstart.tokenizer import resolve_tokenizer
 
 CONFIG = "configs/tiny_cpu.yaml"
 
@@ -35,7 +35,7 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def tok(cfg, tmp_path_factory):
-    return resolve_tokenizer(cfg.model.tokenizer, None, tmp_path_factory.mktemp("tok"))[0]
+    return resolve_tokenizer(cfg.model.tokenizer, None)[0]
 
 
 def _oracle(tok, cfg, knows=None, **kw):

@@ -6,10 +6,10 @@ import numpy as np
 import torch
 import transformers
 
-from sera_jax.training.checkpoint import Checkpointer
-from sera_jax.interop.export import export_checkpoint, import_pretrained, model_config_record
+from sera_jax.interop.export import export_checkpoint, import_pretrained
 from sera_jax.model import Qwen3Config, abstract_params, forward, init_params
 from sera_jax.rl.optim import OptimConfig, make_optimizer
+from sera_jax.training.checkpoint import Checkpointer, model_config_record
 from sera_jax.training.step import init_train_state
 from tests.model.hf_models import hf_logits, make_hf_qwen3
 

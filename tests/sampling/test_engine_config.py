@@ -25,8 +25,8 @@ def test_cpu_shapes_cover_every_context_with_short_prefill_pieces(context):
 
 
 def test_the_tiny_default_engines_use_the_cpu_shapes():
+    from sera_jax.assembly.engines import engine_config
     from sera_jax.evaluation.protocol import eval_engine_config
-    from sera_jax.training.build import engine_config
 
     cfg = load_config(["configs/tiny_cpu.yaml"])
     train_ec = engine_config(cfg, "float32")

@@ -8,8 +8,9 @@ import collections
 
 import pytest
 
+from sera_jax.assembly.concurrency import per_rank_concurrency
 from sera_jax.rl.baselines import GroupCredit
-from sera_jax.training.admission import Admission, per_rank_concurrency
+from sera_jax.training.admission import Admission
 from sera_jax.training.task_stream import TaskStream
 
 

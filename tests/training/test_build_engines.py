@@ -10,8 +10,9 @@ import jax
 import numpy as np
 import pytest
 
+from sera_jax.assembly.engines import num_engines
 from sera_jax.config import ConfigError, load_config
-from sera_jax.training.build import build_loop, num_engines
+from sera_jax.training.build import build_loop
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 pytestmark = pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 (fake) devices: run via tools/run_tests.sh")

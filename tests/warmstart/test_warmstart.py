@@ -14,12 +14,12 @@ from envs_py.textcraft import load_tasks, recipe_book
 from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.rubric import parse_rubric, parse_score
 from sera_jax.agents.runtime import run_trees
+from sera_jax.assembly.settings import runtime_settings
+from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import load_config
-from sera_jax.training.build import runtime_settings
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
 from sera_jax.warmstart.oracle import TextCraftOracle, parse_targets, rubric_text, score_text
 from sera_jax.warmstart.sft import warm_start
-from sera_jax.warmstart.tokenizer import resolve_tokenizer
 
 CONFIG = "configs/tiny_cpu.yaml"
 
@@ -31,7 +31,7 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def tok(cfg, tmp_path_factory):
-    return resolve_tokenizer(cfg.model.tokenizer, None, tmp_path_factory.mktemp("tok"))[0]
+    return resolve_tokenizer(cfg.model.tokenizer, None)[0]
 
 
 def _run_oracle(cfg, tok, tasks, stage="execution", **kw):
@@ -285,7 +285,7 @@ def test_shipped_warm_start_is_the_default_configs():
 
 
 def test_learning_curve_png(tmp_path):
-    from sera_jax.training.default_run import learning_curve
+    from sera_jax.experiments.default_run import learning_curve
     from sera_jax.training.metrics import MetricsWriter
 
     w = MetricsWriter(tmp_path)

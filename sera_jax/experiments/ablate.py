@@ -292,7 +292,7 @@ def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str
            out: str | Path, *, log: Callable[[str], None] = print,
            run: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Runs every (method, seed) not yet finished under ``out``, then writes and returns the report."""
-    from sera_jax.training.default_run import run_default
+    from sera_jax.experiments.default_run import run_default
     from sera_jax.warmstart.sft import warm_start
 
     out = Path(out).resolve()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sera_jax.config import load_config
-from sera_jax.training.ablate import aggregate, markdown, method_schedule, plot, run_overrides, run_record
+from sera_jax.experiments.ablate import aggregate, markdown, method_schedule, plot, run_overrides, run_record
 
 
 def test_method_schedules_keep_the_number_of_updates():
@@ -98,7 +98,7 @@ def test_report_aggregates_seeds_and_costs(tmp_path):
 
 
 def test_a_failed_run_is_reported_and_retried_not_fatal(tmp_path):
-    from sera_jax.training.ablate import ablate
+    from sera_jax.experiments.ablate import ablate
     from sera_jax.training.loop import NoTrainableData
 
     calls = []
