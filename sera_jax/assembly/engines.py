@@ -27,10 +27,11 @@ def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
     return n
 
 
-def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fraction: float = KV_FRACTION
-                  ) -> EngineConfig:
+def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fraction: float = KV_FRACTION, *,
+                  backend: str | None = None, bytes_limit: int | None = None) -> EngineConfig:
     """Returns one engine's sizes: rows for its share (of ``engines``) of the in-flight agents of the groups in
-    flight, a KV pool of at most ``kv_fraction`` of device memory."""
+    flight, a KV pool of at most ``kv_fraction`` of device memory. ``backend`` and ``bytes_limit`` (the device
+    allocator's limit) default to the running backend's; the deviceless compile passes its target's."""
     r = cfg.rollout
     groups = -(-groups_in_flight(cfg) // engines)
     rows = 1 << max(3, (groups * r.trees_per_task * 2 - 1).bit_length())
@@ -40,17 +41,19 @@ def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fractio
     # The pool holds what fits in a share of device memory (paged: rows share it; a request waits when it is full).
     m = cfg.model_config()
     bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
-    budget = kv_cache_budget_bytes(kv_fraction)
+    budget = kv_cache_budget_bytes(kv_fraction, bytes_limit)
     num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
-    shapes = (cpu_shapes(rows, r.context_tokens, block) if jax.default_backend() == "cpu"
+    shapes = (cpu_shapes(rows, r.context_tokens, block) if (backend or jax.default_backend()) == "cpu"
               else dict(max_prefill_len=min(2048, r.context_tokens)))
     return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks),
                         max_context=r.context_tokens, dtype=model_dtype, **shapes)
 
 
-def kv_cache_budget_bytes(fraction: float = 0.35) -> int:
-    """Returns the bytes the KV pool may take: a fraction of the first local device's memory limit (GPU), or
-    2 GiB where the backend reports none (CPU)."""
+def kv_cache_budget_bytes(fraction: float = 0.35, bytes_limit: int | None = None) -> int:
+    """Returns the bytes the KV pool may take: a fraction of ``bytes_limit``, by default the first local device's
+    memory limit (GPU), or 2 GiB where the backend reports none (CPU)."""
+    if bytes_limit is not None:
+        return int(bytes_limit * fraction)
     try:
         stats = jax.local_devices()[0].memory_stats() or {}
     except Exception:  # noqa: BLE001 - backends without memory stats

@@ -21,3 +21,16 @@ def judge_settings(cfg: RunConfig) -> dict[str, Any]:
                 "api_key": os.environ.get("SERA_JUDGE_API_KEY")}
     return {"kind": "policy_frozen", "temperature": j.temperature, "max_new_tokens": j.max_tokens,
             "max_attempts": j.retries + 1}
+
+
+def judge_roles(cfg: RunConfig) -> tuple[bool, bool]:
+    """Returns (labels rubric-stage branches, labels the RAO family's sub-agents): TextWorld asks a judge for RT
+    branch labels in the rubric-generation stage and for the RAO family's sub-agent rewards; TextCraft never."""
+    method = cfg.method_config()
+    textworld = cfg.env.name != "textcraft"
+    return (textworld and method.uses("rubric_generation"), textworld and method.execution_reward == "rao")
+
+
+def uses_frozen_judge(cfg: RunConfig) -> bool:
+    """Returns whether the run builds a ``policy_frozen`` judge engine (a frozen copy of the initial policy)."""
+    return any(judge_roles(cfg)) and cfg.judge.kind == "policy_frozen"

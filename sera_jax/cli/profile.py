@@ -1,4 +1,5 @@
-"""``sera-profile``: N sharded train steps (or engine decode chunks) under jax.profiler, with a report and a trace.
+"""``sera-profile``: N sharded train steps (or engine decode chunks) under jax.profiler, with a report and a trace;
+or, with ``--aot CONFIG``, a paper config's whole GPU job compiled for its described GPUs on this (CPU) machine.
 
 Also runnable without the installed script: ``python -m sera_jax.cli.profile ARGS``.
 """
@@ -41,7 +42,10 @@ def format_report(r: dict[str, Any]) -> list[tuple[str, str]]:
                 ("tokens per step", f"{r['tokens']:,}"), ("tokens/s", f"{r['tok_s']:,.0f}"),
                 ("tokens/s per device", f"{r['tok_s'] / r['devices']:,.0f}"),
                 ("model TFLOP per step", f"{r['flops'] / 1e12:.4g}"), ("MFU", mfu),
+                ("roofline step time, H200 (s)", f"{r['projected_step_s']:.4f}"),
+                ("collectives per device (GiB)", f"{r['collective_bytes'] / 2**30:.3f}"),
                 ("peak device memory (GiB)", _gib(r["peak_mem_bytes"])),
+                ("XLA memory plan (GiB)", f"{r['plan_peak_bytes'] / 2**30:.2f}"),
                 ("train state (GiB, all devices)", f"{r['state_bytes'] / 2**30:.2f}"),
                 ("loss / grad norm (last step)", f"{r['loss']:.4f} / {r['grad_norm']:.4f}"),
                 ("skipped (non-finite)", str(r["skipped"]))]
@@ -67,7 +71,8 @@ def result_line(r: dict[str, Any], mode: str) -> str:
            "mfu": rnd(r.get("mfu"), 4),
            "peak_mem_gib": "na" if not r["peak_mem_bytes"] else round(r["peak_mem_bytes"] / 2**30, 2)}
     if r["kind"] == "train":
-        out["skipped"] = r["skipped"]
+        out.update(skipped=r["skipped"], projected_step_s=round(r["projected_step_s"], 6),
+                   plan_gib=round(r["plan_peak_bytes"] / 2**30, 2))
     else:
         out.update(chunk_s=round(r["chunk_s"], 6), roofline=rnd(r.get("roofline"), 4),
                    new_compiles=r["new_compiles"])
@@ -95,7 +100,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro", type=int, default=None, help="train: micro-batches per step")
     p.add_argument("--prompt-len", type=int, default=None, help="decode: prompt tokens per row")
     p.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default 989 on GPU)")
+    aot = p.add_argument_group("deviceless compile (--aot): needs the aot extra (jax's CUDA plugin, no GPU)")
+    aot.add_argument("--aot", action="store_true", help="compile CONFIG's train step, engine, publish and Pallas "
+                     "kernels for its mesh of described GPUs; report memory, kernels, collectives, a projection")
+    aot.add_argument("config", nargs="*", help="--aot: config files and a.b=c overrides "
+                     "(e.g. configs/paper/textcraft_sera.yaml)")
+    aot.add_argument("--target", default="h200", help="GPU described (shipped: h200, h100)")
+    aot.add_argument("--every-bucket", action="store_true", help="every step row length and engine shape bucket "
+                     "(default: the shapes that bound memory; minutes more)")
+    aot.add_argument("--mem-fraction", type=float, default=None, help="the allocator's share of device memory "
+                     "(default 0.75, JAX's)")
+    aot.add_argument("--network-gbps", type=float, default=400.0, help="cross-host bandwidth per GPU, Gbit/s each "
+                     "way (default 400: one 400G NIC per GPU)")
+    aot.add_argument("--max-traffic-ratio", type=float, default=1.1, help="the step's collective bytes over FSDP's "
+                     "minimum above which the check fails (default 1.1)")
+    aot.add_argument("--decode-rows", type=int, default=64, help="rows per GPU in the decode roofline (default 64)")
+    aot.add_argument("--tree", action="append", default=[], metavar="FIELD=VALUE",
+                     help="an assumption of the projection's tree (profiling.projection.TreeShape), e.g. agents=4")
     args = p.parse_args(argv)
+    if args.aot:
+        return _aot_main(args)
+    if args.config:
+        p.error(f"unexpected arguments {args.config} (a config is read only with --aot)")
     backend = jax.default_backend()
     if not args.tiny and backend != "gpu":
         print(f"no GPU visible to JAX (backend {backend!r}): install jax[cuda12], or run --tiny on CPU",
@@ -145,6 +171,46 @@ def main(argv: list[str] | None = None) -> int:
         print("the profiled step produced a non-finite loss or was skipped", file=sys.stderr)
         return 1
     return 0
+
+
+def _aot_main(args) -> int:
+    """``sera-profile --aot``: returns 0 when the job compiles, fits and meets the collective bound; 1 when not;
+    2 for a config error or a missing plugin."""
+    from sera_jax.cli.common import load_or_report
+    from sera_jax.profiling.aot import compile_job
+    from sera_jax.profiling.aot_report import report_lines, result_line, to_json
+    from sera_jax.profiling.projection import TreeShape
+    from sera_jax.profiling.targets import DEFAULT_MEM_FRACTION, MissingCudaPlugin, get_target
+
+    if not args.config:
+        print("--aot needs a config, e.g. configs/paper/textcraft_sera.yaml", file=sys.stderr)
+        return 2
+    cfg = load_or_report(args.config, check_paths=False)
+    if cfg is None:
+        return 2
+    try:
+        target = get_target(args.target)
+        tree = TreeShape()
+        for item in args.tree:
+            key, _, value = item.partition("=")
+            if key not in {f.name for f in dataclasses.fields(TreeShape)}:
+                raise ValueError(f"--tree {item}: TreeShape has no field {key!r}")
+            tree = dataclasses.replace(tree, **{key: type(getattr(tree, key))(value)})
+        report = compile_job(cfg, target, every_bucket=args.every_bucket, tree=tree, decode_rows=args.decode_rows,
+                             mem_fraction=args.mem_fraction or DEFAULT_MEM_FRACTION,
+                             network_bytes_per_s=args.network_gbps * 1e9 / 8,
+                             max_traffic_ratio=args.max_traffic_ratio,
+                             log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (MissingCudaPlugin, ValueError) as e:
+        print(f"sera-profile --aot: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(report_lines(report)))
+    out = Path(args.out or f"sera_profile/aot-{cfg.name}-{target.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(to_json(report), indent=1, default=str) + "\n")
+    print(f"report: {out / 'report.json'}")
+    print(result_line(report))
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

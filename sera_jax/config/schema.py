@@ -135,7 +135,7 @@ class RolloutSection:
 
 @dataclasses.dataclass(frozen=True)
 class BatchSection:
-    token_budget: int = 60_000           # tokens per micro-batch
+    token_budget: int = 60_000           # tokens per micro-batch per device (the reference: per FSDP rank)
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     advantage_clip: Optional[float] = 20.0
 

@@ -8,6 +8,10 @@ step are handled separately, and lets a long context be split across programs.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
 import jax
 import jax.numpy as jnp
 
@@ -45,9 +49,26 @@ def merge_partials(outs, lses):
     return out, lse
 
 
+# The backend being compiled for, when it is not the one running: a deviceless compile for a described GPU
+# (``profiling.aot``) traces on a CPU host, yet must select and compile the Pallas kernels, not the references.
+_TARGET_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("sera_target_backend", default=None)
+
+
+@contextlib.contextmanager
+def target_backend(backend: str) -> Iterator[None]:
+    """Within the block, code traced here selects its kernels for ``backend`` ("gpu", "cpu") instead of JAX's
+    default backend (``on_gpu`` reads it at trace time)."""
+    token = _TARGET_BACKEND.set(backend)
+    try:
+        yield
+    finally:
+        _TARGET_BACKEND.reset(token)
+
+
 def on_gpu() -> bool:
-    """Returns True when JAX's default backend is a GPU (CUDA or ROCm)."""
-    return jax.default_backend() == "gpu"
+    """Returns True when the code being traced targets a GPU: ``target_backend("gpu")`` is in force, or JAX's
+    default backend is a GPU (CUDA or ROCm)."""
+    return (_TARGET_BACKEND.get() or jax.default_backend()) == "gpu"
 
 
 def compiler_params(interpret: bool, num_warps: int, num_stages: int):

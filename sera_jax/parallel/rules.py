@@ -60,16 +60,6 @@ def _axes_size(mesh: Mesh, axes) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-def ambient_shards(logical: str) -> int:
-    """Returns how many ways the logical axis ``logical`` is split under the ambient mesh and logical rules (those
-    ``parallel.mesh.activate`` sets, seen at trace time); 1 outside them."""
-    mesh = jax.sharding.get_abstract_mesh()
-    rules = nn.get_logical_axis_rules()
-    if mesh.empty or not rules:
-        return 1
-    return _axes_size(mesh, mesh_spec((logical,), rules)[0])
-
-
 def check_divisible(shapes, logical_specs, mesh: Mesh, rules: Rules) -> None:
     """Raises ValueError naming every array dimension the mesh does not divide (param path, dim, axes, sizes)."""
     problems = []

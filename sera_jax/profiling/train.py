@@ -17,7 +17,10 @@ from sera_jax.model import Qwen3Config, abstract_params, init_params, param_shar
 from sera_jax.parallel import MeshConfig, make_mesh
 from sera_jax.parallel.mesh import activate
 from sera_jax.parallel.rules import TRAIN_RULES
+from sera_jax.profiling import hlo
+from sera_jax.profiling.aot_step import memory_of
 from sera_jax.profiling.flops import PEAK_FLOPS, peak_memory_bytes, train_flops
+from sera_jax.profiling.targets import get_target
 from sera_jax.profiling.trace import profiler_trace
 from sera_jax.rl.batch import MicroBatch, pack_datums
 from sera_jax.rl.datums import Datum
@@ -155,6 +158,8 @@ def profile_train(shape: TrainShape, *, steps: int, trace_dir=None, peak_tflops:
         t0 = time.perf_counter()
         compiled = step.jitted.lower(state, batch).compile()
         compile_s = time.perf_counter() - t0
+        plan = memory_of(compiled)
+        inv = hlo.inventory(hlo.collectives(compiled.as_text(), len(devices), len(devices)))
         t0 = time.perf_counter()
         state, metrics = compiled(state, batch)
         jax.block_until_ready(metrics)
@@ -170,6 +175,11 @@ def profile_train(shape: TrainShape, *, steps: int, trace_dir=None, peak_tflops:
     step_s = float(np.median(times))
     flops = train_flops(cfg, seq_lengths, loss_tokens=int(packed.num_tokens))
     peak = peak_tflops * 1e12 if peak_tflops else PEAK_FLOPS.get(backend)
+    # The roofline projection of this very step on an H200 (what `sera-profile --aot` projects), beside the
+    # measurement: FLOPs at the dense bf16 peak, the compiled step's collective bytes at NVLink.
+    h200 = get_target("h200")
+    within, across = hlo.total_traffic(inv)
+    projected_s = max(flops / (len(devices) * (peak or h200.bf16_flops)), (within + across) / h200.nvlink_bytes_per_s)
     return {
         "kind": "train", "backend": backend, "device_kind": devices[0].device_kind, "devices": len(devices),
         "preset": shape.preset, "params": cfg.num_params(), "dtype": str(cfg.dtype),
@@ -178,7 +188,8 @@ def profile_train(shape: TrainShape, *, steps: int, trace_dir=None, peak_tflops:
         "init_s": init_s, "compile_s": compile_s, "first_step_s": first_s, "times": times, "step_s": step_s,
         "tokens": tokens, "tok_s": tokens / step_s, "flops": flops, "peak_flops": peak,
         "mfu": flops / step_s / (peak * len(devices)) if peak else None,
-        "peak_mem_bytes": peak_memory_bytes(devices),
+        "peak_mem_bytes": peak_memory_bytes(devices), "plan_peak_bytes": plan["peak"],
+        "collective_bytes": within + across, "projected_step_s": projected_s,
         "state_bytes": sum(x.nbytes for x in jax.tree.leaves(state)),
         "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
         "skipped": int(float(metrics["skipped"])),

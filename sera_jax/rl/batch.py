@@ -2,7 +2,8 @@
 
 Each datum of L tokens becomes one packed sequence of L − 1 positions (position t predicts token t + 1, so the
 loss mask, advantages and behaviour logprobs are those of the *target* token). Sequences are packed first-fit
-decreasing into rows of a bucketed length T; a micro-batch is ``rows = max(1, token_budget // T)`` rows, so every
+decreasing into rows of a bucketed length T; a micro-batch is ``rows = max(1, token_budget // T)`` rows per device
+(``row_groups`` devices share a micro-batch's rows), so every
 micro-batch of a step has the same [B, T] shape and shapes repeat across steps (no recompilation). Segment ids are
 1-based per sequence within a row (0 = padding) and positions restart at 0 for each sequence, which is what the
 model's packed attention needs. ``num_tokens`` is the global count of loss-masked tokens of the step, put on every
@@ -60,8 +61,11 @@ def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
 
 def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
                 buckets: Sequence[int] = DEFAULT_BUCKETS, row_len: int | None = None,
-                num_tokens: int | None = None, pad_id: int = 0, advantage_clip: float | None = 20.0) -> PackedStep:
-    """Returns the datums packed into equal-shape micro-batches of at most ``token_budget`` tokens.
+                num_tokens: int | None = None, pad_id: int = 0, advantage_clip: float | None = 20.0,
+                row_groups: int = 1) -> PackedStep:
+    """Returns the datums packed into equal-shape micro-batches of ``row_groups`` groups of at most ``token_budget``
+    tokens each: ``row_groups`` is the mesh's batch split (the devices a micro-batch's rows are spread over), so the
+    budget is per device, like the reference's per-rank ``max_tokens_per_mb``.
 
     ``row_len`` fixes T (else the smallest bucket holding the longest sequence); ``num_tokens`` overrides the
     global loss-token count (pass the all-ranks total when each rank packs only its share). Advantages are clipped to
@@ -73,7 +77,7 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
     T = row_len if row_len is not None else bucket_length(max(longest, 1), buckets)
     if longest > T:
         raise ValueError(f"sequence of {longest} positions does not fit rows of {T}")
-    rows_per_micro = max(1, token_budget // T)
+    rows_per_micro = max(1, token_budget // T) * row_groups
 
     # First-fit decreasing (stable on the datum index, so packing is deterministic).
     order = sorted((i for i in range(len(datums)) if lengths[i] > 0), key=lambda i: (-lengths[i], i))

@@ -22,6 +22,7 @@ engine runs on one device (a replica); build one engine per device or one tensor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import queue
@@ -45,6 +46,35 @@ from sera_jax.sampling.scheduler import Scheduler
 from sera_jax.sampling.types import GenerationResult, SamplingParams
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceFunctions:
+    """The engine's jitted device functions (see ``device_loop``) and the layouts they keep."""
+
+    prefill: Any        # (params, pool, tokens, ctx_len, new_len, table, ctx_table) -> (pool, logits)
+    start: Any          # (state, logits, ctx_len, new_len, slot, rows) -> (state, token, logprob, done)
+    decode: Any         # (params, pool, state, index, table, alive, rows) -> (pool, state, tokens, logprobs)
+    pool_sharding: NamedSharding
+    replicated: NamedSharding
+
+
+def device_functions(cfg: Qwen3Config, config: EngineConfig, mesh: Mesh, rules: Rules = SAMPLE_RULES
+                     ) -> DeviceFunctions:
+    """Returns the jitted prefill / start / decode of an engine with sampler config ``cfg`` (its compute dtype) on
+    ``mesh``: the pool and the row state are donated and keep their layouts. Shared by ``Engine`` and the
+    deviceless compile (``profiling.aot``), which lowers them for a described GPU."""
+    pool_sh = pool_sharding(mesh, rules)
+    pool_shs = {"k": pool_sh, "v": pool_sh}
+    opts = dict(config.compiler_options) or None
+    rep = NamedSharding(mesh, PartitionSpec())
+    prefill_fn = jax.jit(functools.partial(prefill, cfg=cfg, block_size=config.block_size), donate_argnums=(1,),
+                         out_shardings=(pool_shs, rep), compiler_options=opts)
+    start_fn = jax.jit(start_rows, donate_argnums=(0,), out_shardings=(rep, rep, rep, rep), compiler_options=opts)
+    decode_fn = jax.jit(functools.partial(decode_chunk, cfg=cfg, block_size=config.block_size,
+                                          steps=config.chunk_steps),
+                        donate_argnums=(1, 2), out_shardings=(pool_shs, rep, rep, rep), compiler_options=opts)
+    return DeviceFunctions(prefill_fn, start_fn, decode_fn, pool_sh, rep)
+
+
 class EngineError(RuntimeError):
     """The engine's driver failed or the engine was closed; pending requests get this error."""
 
@@ -65,22 +95,14 @@ class Engine:
         self._param_shardings = param_shardings(self.cfg, self.mesh, rules)
         self._abstract = abstract_params(cfg)
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
-        pool_sh = {"k": pool_sharding(self.mesh, rules), "v": pool_sharding(self.mesh, rules)}
-        opts = dict(config.compiler_options) or None
-        rep = self._replicated
-        self._prefill = jax.jit(functools.partial(prefill, cfg=self.cfg, block_size=config.block_size),
-                                donate_argnums=(1,), out_shardings=(pool_sh, rep), compiler_options=opts)
-        self._start = jax.jit(start_rows, donate_argnums=(0,), out_shardings=(rep, rep, rep, rep),
-                              compiler_options=opts)
-        self._decode = jax.jit(functools.partial(decode_chunk, cfg=self.cfg, block_size=config.block_size,
-                                                 steps=config.chunk_steps),
-                               donate_argnums=(1, 2), out_shardings=(pool_sh, rep, rep, rep), compiler_options=opts)
+        fns = device_functions(self.cfg, config, self.mesh, rules)
+        self._prefill, self._start, self._decode = fns.prefill, fns.start, fns.decode
         self.sched = Scheduler(config, self.buckets, tokenizer.decode if tokenizer is not None else None)
         self.params = self._place(params)
         with activate(self.mesh, rules):
             self.pool = make_pool(self.cfg, config.num_blocks, config.block_size, self.cfg.compute_dtype, self.mesh,
                                   rules)
-        self.state = jax.device_put(init_state(self.sched.rows), rep)
+        self.state = jax.device_put(init_state(self.sched.rows), self._replicated)
         self._rid = itertools.count()
         self._lock = threading.RLock()  # guards scheduler, params, pool, state between device rounds
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -92,7 +114,7 @@ class Engine:
         self.peak_waiting = 0
 
     # ---------------------------------------------------------------------------------------------------- weights
-    def _place(self, params):
+    def _place(self, params, owned: bool = False):
         want = jax.tree.structure(self._abstract)
         if jax.tree.structure(params) != want:
             raise ValueError(f"params do not match the model's parameter tree: got {jax.tree.structure(params)}, "
@@ -103,17 +125,19 @@ class Engine:
         dt = self.cfg.compute_dtype
         # Cast where the weights are (each shard locally, halving what moves), then reshard onto the sampler mesh.
         cast = jax.tree.map(lambda x: x.astype(dt) if x.dtype != dt else x, params)
-        # Never alias the caller's buffers: the trainer donates its state to the next step, which would delete
-        # weights the engine still samples with (same dtype and layout, e.g. fp32 on one CPU device).
-        return jax.device_put(cast, self._param_shardings, may_alias=False)
+        # Never alias the caller's buffers (unless they are ``owned``: fresh from the publish): the trainer donates
+        # its state to the next step, which would delete weights the engine still samples with (same dtype and
+        # layout, e.g. fp32 on one CPU device).
+        return jax.device_put(cast, self._param_shardings, may_alias=owned)
 
-    def load_weights(self, params) -> int:
+    def load_weights(self, params, *, owned: bool = False) -> int:
         """Installs new policy weights (on-device cast to the sampler dtype and reshard); returns the new version.
+        ``owned``: the arrays are the engine's to keep (already cast and on its device: no copy is made).
 
         Takes effect at the next device round; the prefix cache is emptied (old K/V belong to old weights).
         Tokens of turns admitted before the swap keep reporting the version they were admitted under.
         """
-        new = self._place(params)
+        new = self._place(params, owned)
         with self._lock:
             self.params = new
             self.sched.new_weights()

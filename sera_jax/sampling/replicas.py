@@ -25,11 +25,13 @@ import threading
 from typing import Any, Iterator, Sequence
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from sera_jax.model.config import Qwen3Config
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling.engine import Engine
 from sera_jax.sampling.engine_config import EngineConfig
+from sera_jax.sampling.publish import publish_fn
 from sera_jax.sampling.types import GenerationResult, SamplingParams
 
 
@@ -114,11 +116,36 @@ class EngineReplicas:
                 self._in_flight[i] -= 1
 
     def load_weights(self, params) -> int:
-        """Installs new weights in every engine; returns the (common) new version."""
-        versions = {e.load_weights(params) for e in self.engines}
+        """Installs new weights in every engine; returns the (common) new version.
+
+        When ``params`` live on a mesh whose local devices are exactly the engines' (the trainer's FSDP layout with
+        one engine per device), one jitted program casts them where they are sharded and replicates them on every
+        device (``training.step.publish_fn``'s executable; ``sera-profile --aot`` compiles it for the target), and
+        each engine takes its device's copy. Otherwise each engine casts and copies them itself.
+        """
+        placed = self._publish(params)
+        if placed is None:
+            versions = {e.load_weights(params) for e in self.engines}
+        else:
+            versions = {e.load_weights(p, owned=True) for e, p in zip(self.engines, placed)}
         if len(versions) != 1:
             raise RuntimeError(f"engine replicas disagree on the policy version: {sorted(versions)}")
         return versions.pop()
+
+    def _publish(self, params) -> list | None:
+        leaves = jax.tree.leaves(params)
+        sharding = getattr(leaves[0], "sharding", None) if leaves else None
+        if not isinstance(sharding, NamedSharding):
+            return None
+        mesh = sharding.mesh
+        devices = [e.mesh.devices.flat[0] for e in self.engines]
+        local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+        if sorted(d.id for d in devices) != sorted(d.id for d in local):
+            return None
+        out = publish_fn(self.engines[0].cfg.dtype, jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()),
+                                                                  params))(params)
+        return [jax.tree.map(lambda a, d=d: next(s.data for s in a.addressable_shards if s.device == d), out)
+                for d in devices]
 
     @property
     def version(self) -> int:

@@ -21,7 +21,7 @@ from sera_jax.agents.runtime import run_trees, start_pool
 from sera_jax.agents.subagent_judge import DeferredJudge, SubagentJudge
 from sera_jax.assembly.concurrency import groups_in_flight, per_rank_concurrency
 from sera_jax.assembly.engines import JUDGE_KV_FRACTION, KV_FRACTION, engine_config, num_engines
-from sera_jax.assembly.judge import judge_settings
+from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_judge
 from sera_jax.assembly.settings import runtime_settings, stage_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
@@ -98,9 +98,8 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     env = cfg.env.name
     settings = runtime_settings(cfg)
     # TextWorld asks a judge for RT branch labels (rubric stage) and for the RAO family's sub-agent rewards.
-    tw_rubric_stage = env != "textcraft" and method.uses("rubric_generation")
-    tw_execution_judge = env != "textcraft" and method.execution_reward == "rao"
-    frozen_judge = (tw_rubric_stage or tw_execution_judge) and cfg.judge.kind == "policy_frozen"
+    tw_rubric_stage, tw_execution_judge = judge_roles(cfg)
+    frozen_judge = uses_frozen_judge(cfg)
     # One engine per local device (rollout.engines), each with its own pool; a task group runs on one of them.
     local = jax.local_devices()
     n_engines = num_engines(cfg, local)

@@ -91,7 +91,7 @@ def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trai
         return None, {**info, "reason": f"{len(trainable)} trainable datums < {min_trainable} (one per rank)"}
     if method.depth_level_weighting:
         trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma)
-    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets)
+    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_groups=row_multiple)
     batch = stack_micro_batches(packed.micro_batches, row_multiple=row_multiple)
     info.update(micro_batches=len(packed.micro_batches), loss_tokens=packed.num_tokens,
                 rows=int(batch.tokens.shape[1]), row_len=int(batch.tokens.shape[2]))

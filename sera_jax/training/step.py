@@ -7,8 +7,8 @@ whatever the split. Micro-batches without a single loss token (padding up to a b
 ``lax.cond`` returns zeros for them. A non-finite loss or gradient norm skips the update: parameters, optimizer
 state and the step counter come back unchanged, and ``metrics["skipped"]`` is 1.
 
-``publish(params, ...)`` casts the master weights to the sampler's dtype and places them in the sampler's layout,
-on device (no host round trip).
+``publish(params, ...)`` (``sampling.publish``) casts the master weights to the sampler's dtype and places them in
+the sampler's layout, on device (no host round trip).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -24,12 +25,13 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sera_jax.model import Qwen3Config, token_logprobs
+from sera_jax.model import Qwen3Config, param_logical_axes, token_logprobs
 from sera_jax.model.sharding import param_shardings
 from sera_jax.parallel.mesh import activate
 from sera_jax.parallel.rules import TRAIN_RULES, Rules, mesh_spec
 from sera_jax.rl.batch import MicroBatch
 from sera_jax.rl.losses import StepConfig, get_loss
+from sera_jax.sampling.publish import publish  # noqa: F401 - the trainer's publish (DESIGN.md)
 
 
 @flax.struct.dataclass
@@ -94,6 +96,26 @@ def _micro_grads(params, mb: MicroBatch, model_cfg: Qwen3Config, step_cfg: StepC
     return loss, grads, stats
 
 
+def shard_like_params(tree, model_cfg: Qwen3Config):
+    """Returns ``tree`` (shaped like the parameters: gradients) constrained to the parameters' layout under the
+    ambient logical rules (``parallel.mesh.activate``); unchanged where no rules are in force.
+
+    Why: left unconstrained, XLA's partitioner sums each micro-batch's gradient over every device with a full-size
+    all-reduce and only then slices out the FSDP shard. Constrained, each gradient is reduce-scattered within the
+    FSDP group and only its shard is summed across the data axis (hosts) — FSDP's minimum traffic — and no device
+    holds a full-size gradient buffer.
+    """
+    if not nn.get_logical_axis_rules():
+        return tree
+    return jax.tree.map(nn.with_logical_constraint, tree, _param_logical_axes(model_cfg),
+                        is_leaf=lambda x: isinstance(x, jax.Array))
+
+
+@functools.lru_cache(maxsize=8)
+def _param_logical_axes(model_cfg: Qwen3Config):
+    return param_logical_axes(model_cfg)
+
+
 def train_step(state: TrainState, batch: MicroBatch, *, model_cfg: Qwen3Config, tx: optax.GradientTransformation,
                step_cfg: StepConfig = StepConfig()) -> tuple[TrainState, dict[str, jax.Array]]:
     """Returns (new state, metrics) after one optimizer step over the stacked micro-batches ``batch`` [M, B, T]."""
@@ -106,7 +128,7 @@ def train_step(state: TrainState, batch: MicroBatch, *, model_cfg: Qwen3Config, 
 
         def compute(_):
             loss, g, stats = _micro_grads(state.params, mb, model_cfg, step_cfg)
-            return loss.astype(jnp.float32), jax.tree.map(lambda x: x.astype(jnp.float32), g), stats
+            return loss.astype(jnp.float32), shard_like_params(jax.tree.map(lambda x: x.astype(jnp.float32), g), model_cfg), stats
 
         def skip(_):
             return jnp.zeros((), jnp.float32), zeros_g, zero_stats
@@ -154,14 +176,12 @@ def batch_axis_size(mesh: Mesh, rules: Rules = TRAIN_RULES) -> int:
     return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
 
 
-def shard_train_state(params, tx: optax.GradientTransformation, model_cfg: Qwen3Config, mesh: Mesh,
-                      rules: Rules = TRAIN_RULES) -> TrainState:
-    """Returns a TrainState with params placed by the rules and Adam moments sharded exactly like their
-    parameters (the optimizer state is created on device, under jit, from the sharded parameters)."""
+def train_state_shardings(state_shape: TrainState, model_cfg: Qwen3Config, mesh: Mesh,
+                          rules: Rules = TRAIN_RULES) -> TrainState:
+    """Returns the ``NamedSharding`` of every leaf of a train state (``state_shape``: arrays or their shapes): the
+    parameters as the rules place them, each Adam moment exactly like its parameter, scalars replicated."""
     p_shard = param_shardings(model_cfg, mesh, rules)
-    params = jax.device_put(params, p_shard)
     replicated = NamedSharding(mesh, PartitionSpec())
-    opt_shape = jax.eval_shape(tx.init, params)
     flat_params = jax.tree_util.tree_flatten_with_path(p_shard)[0]
 
     def opt_leaf_sharding(path, leaf):
@@ -173,9 +193,29 @@ def shard_train_state(params, tx: optax.GradientTransformation, model_cfg: Qwen3
                 return sh
         return replicated
 
-    opt_sh = jax.tree_util.tree_map_with_path(opt_leaf_sharding, opt_shape)
-    opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
-    return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params, opt_state=opt_state)
+    opt_sh = jax.tree_util.tree_map_with_path(opt_leaf_sharding, state_shape.opt_state)
+    return TrainState(step=replicated, params=p_shard, opt_state=opt_sh)
+
+
+def shard_train_state(params, tx: optax.GradientTransformation, model_cfg: Qwen3Config, mesh: Mesh,
+                      rules: Rules = TRAIN_RULES) -> TrainState:
+    """Returns a TrainState with params placed by the rules and Adam moments sharded exactly like their
+    parameters (the optimizer state is created on device, under jit, from the sharded parameters)."""
+    p_shard = param_shardings(model_cfg, mesh, rules)
+    params = jax.device_put(params, p_shard)
+    shape = jax.eval_shape(lambda p: init_train_state(p, tx), params)
+    sh = train_state_shardings(shape, model_cfg, mesh, rules)
+    opt_state = jax.jit(tx.init, out_shardings=sh.opt_state)(params)
+    return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), sh.step), params=params, opt_state=opt_state)
+
+
+def batch_shardings(mesh: Mesh, rules: Rules = TRAIN_RULES) -> MicroBatch:
+    """Returns the sharding of each field of stacked micro-batches: rows over the ``batch`` axes, the token count
+    replicated."""
+    b_sh = batch_sharding(mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return MicroBatch(**{f.name: (replicated if f.name == "num_tokens" else b_sh)
+                         for f in dataclasses.fields(MicroBatch)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +247,9 @@ def make_train_step(model_cfg: Qwen3Config, tx: optax.GradientTransformation, st
                     *, mesh: Mesh | None = None, rules: Rules = TRAIN_RULES,
                     state: TrainState | None = None) -> CompiledStep:
     """Returns the jitted ``train_step(state, batch) -> (state, metrics)`` as a ``CompiledStep``; with a mesh,
-    FSDP/data sharded (state shardings read from ``state``, e.g. from ``shard_train_state``) with the state donated
-    (its buffers are reused for the new state)."""
+    FSDP/data sharded (state shardings read from ``state``, e.g. from ``shard_train_state``, or its abstract
+    ``ShapeDtypeStruct``s with shardings, to lower for a deviceless target) with the state donated (its buffers are
+    reused for the new state)."""
     fn = functools.partial(train_step, model_cfg=model_cfg, tx=tx, step_cfg=step_cfg)
     if mesh is None:
         return CompiledStep(jax.jit(fn, donate_argnums=0))
@@ -216,20 +257,6 @@ def make_train_step(model_cfg: Qwen3Config, tx: optax.GradientTransformation, st
         raise ValueError("make_train_step with a mesh needs the (sharded) state whose layout it keeps")
     st_sh = jax.tree.map(lambda x: x.sharding, state)
     replicated = NamedSharding(mesh, PartitionSpec())
-    b_sh = batch_sharding(mesh, rules)
-    batch_sh = MicroBatch(**{f.name: (replicated if f.name == "num_tokens" else b_sh)
-                             for f in dataclasses.fields(MicroBatch)})
+    batch_sh = batch_shardings(mesh, rules)
     jitted = jax.jit(fn, in_shardings=(st_sh, batch_sh), out_shardings=(st_sh, replicated), donate_argnums=0)
     return CompiledStep(jitted, mesh=mesh, rules=rules, state_shardings=st_sh, batch_sharding=batch_sh)
-
-
-def publish(params, *, dtype: str = "bfloat16", shardings=None):
-    """Returns the parameters cast to ``dtype`` in the sampler's layout (``shardings``; default: where they are).
-
-    Runs on device: a jitted cast whose output shardings are the sampler's, so XLA performs the reshard.
-    """
-    target = jnp.dtype(dtype)
-    cast = lambda p: jax.tree.map(lambda x: x.astype(target), p)  # noqa: E731
-    if shardings is None:
-        return jax.jit(cast)(params)
-    return jax.jit(cast, out_shardings=shardings)(params)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sera_jax.model import Qwen3Config
-from sera_jax.profiling import decode_flops, peak_memory_bytes, train_flops, trace_files
+from sera_jax.profiling import decode_flops, peak_memory_bytes, trace_files, train_flops
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -102,3 +102,14 @@ def test_micro_batch_fields_match_their_jaxtyping_annotations():
         assert isinstance(getattr(mb, name), hint), name
     assert len({getattr(mb, n).shape for n in hints if n != "num_tokens"}) == 1
     assert not isinstance(mb.loss_mask, hints["tokens"])  # the check is real: float is not Int
+
+
+def test_the_token_budget_is_per_device():
+    """``row_groups`` devices share a micro-batch's rows: each gets up to ``token_budget`` tokens (the reference's
+    per-rank micro-batch), so the micro-batch holds ``row_groups`` times the rows."""
+    datums = random_datums(np.random.default_rng(3), 40, max_len=120)
+    one = pack_datums(datums, token_budget=256, buckets=(64, 128))
+    four = pack_datums(datums, token_budget=256, buckets=(64, 128), row_groups=4)
+    assert one.micro_batches[0].tokens.shape == (2, 128) and four.micro_batches[0].tokens.shape == (8, 128)
+    assert len(four.micro_batches) == -(-len(one.micro_batches) // 4)
+    assert four.num_tokens == one.num_tokens

@@ -105,3 +105,35 @@ def test_new_weights_reach_every_replica(cfg, params):
         reps.close()
     with pytest.raises(ValueError, match="at least one"):
         EngineReplicas([])
+
+
+def test_fsdp_weights_are_published_once_to_one_engine_per_device(cfg, params):
+    """Trainer weights FSDP-sharded over 4 devices, one engine on each: one compiled publish casts and replicates
+    them, and every engine takes its own device's copy (no copy of its own); the engines sample with them."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from sera_jax.model.sharding import param_shardings
+    from sera_jax.parallel.mesh import MeshConfig, make_mesh
+    from sera_jax.sampling.publish import publish_fn
+
+    devices = jax.devices()[:4]
+    reps = EngineReplicas.build(cfg, params, engine_config(), devices=devices, tokenizer=ToyTokenizer())
+    try:
+        mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=1), devices)
+        sharded = jax.device_put(jax.tree.map(lambda x: x * 0.5, params), param_shardings(cfg, mesh))
+        before = publish_fn(reps.engines[0].cfg.dtype, jax.tree.map(
+            lambda _: NamedSharding(mesh, PartitionSpec()), sharded))._cache_size()
+        assert reps.load_weights(sharded) == 1
+        for e, dev in zip(reps.engines, devices):
+            for got, want in zip(jax.tree.leaves(e.params), jax.tree.leaves(params)):
+                assert got.devices() == {dev} and got.dtype == e.cfg.compute_dtype
+                np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32) * 0.5,
+                                           rtol=1e-6)
+        assert reps.load_weights(sharded) == 2  # the same executable again: traced and compiled once
+        assert publish_fn(reps.engines[0].cfg.dtype, jax.tree.map(
+            lambda _: NamedSharding(mesh, PartitionSpec()), sharded))._cache_size() == before + 1
+        sp = SamplingParams(max_new_tokens=3, temperature=0.0)
+        r = run([reps.generate([1, 2, 3], sp)])[0]
+        assert r.policy_version == 2 and len(r.token_ids) == 3
+    finally:
+        reps.close()

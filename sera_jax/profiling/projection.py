@@ -1,0 +1,113 @@
+"""A roofline projection of a paper run's hours on its GPUs — a projection from peaks and stated assumptions, never a
+measurement.
+
+* Train step: model FLOPs (``profiling.flops.train_flops``) at the GPUs' dense bf16 peak, and the compiled step's
+  collective bytes (``profiling.hlo``) at NVLink within a host and at the cross-host network; the step takes at
+  least the largest of the three (everything overlapped) and at most their sum (nothing overlapped).
+* Decode: each step reads every weight once plus the K/V of every row's context (``flops.kv_bytes_per_token``), at
+  HBM bandwidth; at ``rows`` rows per GPU that gives tokens/s per GPU.
+* Rollouts: a step's generated tokens at that rate over all GPUs (throughput floor), and its longest chain of
+  sequential turns at the per-step decode latency (latency floor); prompts prefilled at the FLOP peak.
+
+What a tree holds (agents, turns, tokens) is not in the spec: ``TreeShape`` states the assumptions, and the report
+prints them beside the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from sera_jax.model import Qwen3Config
+from sera_jax.profiling.flops import decode_flops, kv_bytes_per_token, train_flops
+from sera_jax.profiling.targets import GpuTarget
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+    """Assumed size of one agent tree (TextCraft defaults: the paper's ~1,700-token instructions, turns of a few
+    hundred tokens, a root that delegates to two children)."""
+
+    agents: float = 3.0                 # root + sub-agents (+ rubric and score calls counted as agents' turns)
+    turns_per_agent: float = 6.0
+    system_tokens: int = 1700
+    completion_tokens: int = 250        # per turn
+    observation_tokens: int = 150       # per turn (tool output, child results)
+    sequential_agents: float = 2.0      # agents on the longest chain (a parent waits for its children)
+
+    @property
+    def context_tokens(self) -> float:
+        """Tokens of one agent's final context (its training datum after prefix merging)."""
+        return self.system_tokens + self.turns_per_agent * (self.completion_tokens + self.observation_tokens)
+
+    @property
+    def generated_tokens(self) -> float:
+        return self.agents * self.turns_per_agent * self.completion_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    steps: int
+    trees_per_step: int
+    gpus: int
+    train_tokens: float               # per step
+    train_flops: float
+    train_compute_s: float
+    nvlink_s: float
+    network_s: float
+    decode_rows: int
+    decode_step_s: float              # one decode step of ``decode_rows`` rows at the HBM roofline
+    decode_tok_s_per_gpu: float
+    rollout_throughput_s: float       # generated tokens / (tok/s per GPU × GPUs) + prefill at peak
+    rollout_latency_s: float          # longest chain of turns at the decode step latency
+    tree: TreeShape
+
+    @property
+    def train_s(self) -> tuple[float, float]:
+        """(overlapped, serial) train step time."""
+        parts = (self.train_compute_s, self.nvlink_s, self.network_s)
+        return max(parts), sum(parts)
+
+    @property
+    def step_s(self) -> float:
+        """Projected seconds per update: rollouts (the larger floor) then the train step (overlapped)."""
+        return max(self.rollout_throughput_s, self.rollout_latency_s) + self.train_s[0]
+
+    @property
+    def hours(self) -> float:
+        return self.steps * self.step_s / 3600
+
+
+def decode_roofline(cfg: Qwen3Config, target: GpuTarget, rows: int, context: float, itemsize: int = 2
+                    ) -> tuple[float, float]:
+    """Returns (seconds per decode step, tokens/s per GPU) of ``rows`` rows at mean ``context`` tokens: the weights
+    and every row's K/V read once per step at HBM bandwidth (FLOPs are far below the peak at these sizes)."""
+    nbytes = cfg.num_params() * itemsize + rows * context * kv_bytes_per_token(cfg, itemsize)
+    step = max(nbytes / target.hbm_bytes_per_s, decode_flops(cfg, [context] * rows) / target.bf16_flops)
+    return step, rows / step
+
+
+def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: int, gpus: int,
+            within_bytes_per_microbatch: float, across_bytes_per_microbatch: float, token_budget: int,
+            network_bytes_per_s: float, decode_rows: int = 64, tree: TreeShape = TreeShape()) -> Projection:
+    """Returns the projection of ``steps`` updates of ``trees_per_step`` trees on ``gpus`` GPUs of ``target``, with
+    the compiled step's per-device collective bytes per micro-batch."""
+    datums = trees_per_step * tree.agents
+    train_tokens = datums * tree.context_tokens
+    loss_tokens = trees_per_step * tree.generated_tokens
+    seq = [int(tree.context_tokens)] * int(round(datums))
+    flops = train_flops(cfg, seq, loss_tokens=min(int(loss_tokens), sum(seq)))
+    micro = max(1, math.ceil(train_tokens / (token_budget * gpus)))
+    compute_s = flops / (gpus * target.bf16_flops)
+    nvlink_s = micro * within_bytes_per_microbatch / target.nvlink_bytes_per_s
+    network_s = micro * across_bytes_per_microbatch / network_bytes_per_s
+    mean_ctx = tree.system_tokens + tree.turns_per_agent * (tree.completion_tokens + tree.observation_tokens) / 2
+    step_dec, tok_s = decode_roofline(cfg, target, decode_rows, mean_ctx)
+    generated = trees_per_step * tree.generated_tokens
+    # Prompts are prefilled past the cached prefix: each turn adds its observation (and the system prompt once).
+    prefill_tokens = trees_per_step * tree.agents * (tree.system_tokens + tree.turns_per_agent * tree.observation_tokens)
+    prefill_s = 2.0 * cfg.num_params() * prefill_tokens / (gpus * target.bf16_flops)
+    throughput_s = generated / (tok_s * gpus) + prefill_s
+    latency_s = tree.sequential_agents * tree.turns_per_agent * tree.completion_tokens * step_dec
+    return Projection(steps, trees_per_step, gpus, train_tokens, flops, compute_s, nvlink_s, network_s, decode_rows,
+                      step_dec, tok_s, throughput_s, latency_s, tree)
