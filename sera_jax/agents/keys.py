@@ -44,3 +44,10 @@ def turn_key(tree_root: jax.Array, node_path: str, turn: int) -> jax.Array:
 def key_data(key: jax.Array) -> list[int]:
     """Returns the raw uint32 words of a key (for records and comparisons)."""
     return [int(x) for x in jax.random.key_data(key).ravel()]
+
+
+def warm_keys() -> None:
+    """Runs every key derivation of a turn once, so that their small programs are compiled before agents wait on
+    them (a run's warm-up calls it: afterwards no turn traces or compiles anything)."""
+    key_data(turn_key(tree_key(0, 0, "warm-up", 0), "root", 0))
+    jax.random.key_data(jax.random.key(0))

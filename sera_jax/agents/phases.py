@@ -181,3 +181,36 @@ def phase_times(trace: Trace, start: float, end: float) -> dict[str, float]:
     covered = _length(union([x for p in PHASES for x in iv[p]]))
     out["uncovered_s"] = max(0.0, (end - start) - covered)
     return out
+
+
+AGENT_WAITS = ("engine", "env", "children", "host")
+
+
+def agent_seconds(trace: Trace, start: float, end: float) -> dict[str, float]:
+    """Returns where the agents' time went over [start, end], in agent-seconds summed over agents:
+    ``engine`` (awaiting their own turns' generation), ``env`` (their environment actions and sandbox cells, minus
+    delegations), ``children`` (their delegations: the children's whole trees and the rubric and scoring calls
+    around them) and ``host`` (the rest of each agent's lifetime: prompt building, tokenisation, parsing, and waiting
+    for the event loop), plus ``lifetime``. An agent's own spans never overlap, so they add up to its lifetime."""
+    def clip(iv):
+        return [(max(a, start), min(b, end)) for a, b in iv if min(b, end) > max(a, start)]
+
+    def agent(e):
+        return e.get("tree"), e.get("node")
+
+    per: dict[tuple, dict[str, list[tuple[float, float]]]] = {}
+    for kind, key in (("agent", "lifetime"), ("generate", "engine"), ("env", "env"), ("launch", "children")):
+        for a, b, e in trace.intervals(kind, until=end):
+            per.setdefault(agent(e), {}).setdefault(key, []).append((a, b))
+    out = dict.fromkeys(AGENT_WAITS + ("lifetime",), 0.0)
+    for spans in per.values():
+        launches = union(spans.get("children", []))
+        env = [p for iv in spans.get("env", []) for p in subtract(iv, launches)]
+        parts = {"engine": _length(clip(union(spans.get("engine", [])))), "env": _length(clip(union(env))),
+                 "children": _length(clip(launches))}
+        life = _length(clip(union(spans.get("lifetime", []))))
+        for k, v in parts.items():
+            out[k] += v
+        out["host"] += max(0.0, life - sum(parts.values()))
+        out["lifetime"] += life
+    return out

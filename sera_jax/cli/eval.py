@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from sera_jax.agents.efficiency import efficiency_line
 from sera_jax.cli.common import CONFIG_ERROR, load_or_report, use_compilation_cache
 from sera_jax.evaluation.protocol import evaluate
 
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
                                num_tasks=args.tasks if args.tasks is not None else cfg.eval.num_tasks,
                                num_runs=args.runs, on_run=show, version=args.version, progress=True))
     print(rep["markdown"])
+    if rep.get("warmup"):
+        print(f"engine warm-up: {rep['warmup']['executables']} executables in {rep['warmup']['seconds']:.1f} s")
+    for i, eff in enumerate(rep.get("efficiency") or []):
+        print(f"run {i + 1}: {efficiency_line(eff)}")
     m, s = rep["mean_std"]["overall"]
     errored = sum(t["overall"]["errored"] for t in rep["runs"])
     print(f"RESULT env={rep['env']} tasks={rep['num_tasks']} runs={rep['num_runs']} success_mean={m:.4f} "

@@ -153,6 +153,10 @@ class TrainSection:
     data_seed: Optional[int] = None
     reshuffle_each_epoch: bool = True
     max_epochs: int = 10                 # safety bound over the task set
+    # Compile before the first step every engine shape, the publish and the train step at each bucket for these
+    # micro-batch counts, so that no step waits on a trace or a compilation (empty: compile on first use).
+    warmup_micro_batches: tuple[int, ...] = (1, 2)
+    warmup: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,8 +27,10 @@ from typing import Any, Callable, Sequence
 import jax
 from tqdm import tqdm
 
+from sera_jax.agents.efficiency import RunWatch, efficiency_line
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.launchers.factory import make_launcher_factory
+from sera_jax.agents.phases import tracing
 from sera_jax.agents.records import Tree, write_jsonl
 from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.settings import RuntimeSettings
@@ -241,7 +243,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     e = cfg.eval
     tasks = load_eval_tasks(cfg, num_tasks)
     runs = e.num_runs if num_runs is None else num_runs
-    engine, source = None, "generator"
+    engine, source, warm = None, "generator", None
     if generator is None:
         policy = load_policy(cfg, checkpoint=checkpoint, hf_dir=hf_dir, version=version)
         if policy.tokenizer.vocab_size > policy.model_cfg.vocab_size:
@@ -252,6 +254,9 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
                         tokenizer=policy.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
                         seed=cfg.train.seed)
         generator, tokenizer, source = engine, policy.tokenizer, policy.source
+        t0 = time.monotonic()
+        warm = {"executables": engine.warmup()}  # every shape now: nothing is traced or compiled while agents wait
+        warm["seconds"] = time.monotonic() - t0
     if wrap_generator is not None:
         generator = wrap_generator(generator)
     env = cfg.env.name
@@ -260,18 +265,22 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
     selection = {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
-    tables, by_game, finals, records, times = [], [], [], [], []
+    tables, by_game, finals, records, times, efficiency = [], [], [], [], [], []
     trees_path = out_dir / "trees.jsonl"
     trees_path.write_text("")
     try:
         for r in range(runs):
-            t0 = time.monotonic()
-            outcomes, recs, trees = await evaluate_tasks(
-                tasks, env, generator, tokenizer, eval_settings(cfg, r), retries=e.retries,
-                concurrency=e.concurrency, selection=selection, pool=pool, run_index=r, textworld_rules=cfg.env.rules,
-                on_trees=lambda trees: write_jsonl(trees, trees_path),
-                progress=f"evaluation run {r + 1}/{runs}" if progress else None)
-            times.append(time.monotonic() - t0)
+            watch = RunWatch(engine if engine is not None else generator)
+            with tracing(watch.trace):
+                outcomes, recs, trees = await evaluate_tasks(
+                    tasks, env, generator, tokenizer, eval_settings(cfg, r), retries=e.retries,
+                    concurrency=e.concurrency, selection=selection, pool=pool, run_index=r,
+                    textworld_rules=cfg.env.rules, on_trees=lambda trees: write_jsonl(trees, trees_path),
+                    progress=f"evaluation run {r + 1}/{runs}" if progress else None)
+            efficiency.append(watch.finish())
+            if watch.traced:
+                efficiency[-1]["traced_functions"] = watch.traced
+            times.append(efficiency[-1]["seconds"])
             tables.append(summarise(outcomes, DIFFICULTY_ORDER))
             if any(rec["game"] is not None for rec in recs):
                 by_game.append(summarise([dataclasses.replace(o, difficulty=str(rec["game"]))
@@ -289,7 +298,8 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     rep = report(tables, env=env, task_set=e.task_set, num_tasks=len(tasks), source=source,
                  best_of_n=e.best_of_n, fork_budget=e.fork_budget, retries=e.retries, concurrency=e.concurrency,
                  settings={k: v for k, v in settings.items() if k != "cell_limits"}, run_seconds=times,
-                 tasks=records, by_game=by_game, tree_means=finals, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                 tasks=records, by_game=by_game, tree_means=finals, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 efficiency=efficiency, warmup=warm)
     write_outputs(rep, out_dir)
     return rep
 
@@ -310,5 +320,9 @@ def write_outputs(rep: dict, out_dir: str | Path) -> dict[str, str]:
     head = (f"# sera-eval: {rep['env']} / {rep['task_set']} ({rep['num_tasks']} tasks, {rep['num_runs']} run"
             f"{'s' if rep['num_runs'] > 1 else ''})\n\nPolicy: {rep['source']}. Overall success "
             f"{overall[0]:.2f} ± {overall[1]:.2f} % (sample std; errors count as failures).\n\n")
-    paths["markdown"].write_text(head + rep["markdown"] + "\n")
+    eff = "".join(f"\nRun {i + 1}: {efficiency_line(x)}." for i, x in enumerate(rep.get("efficiency") or []))
+    warm = rep.get("warmup")
+    if warm:
+        eff = f"\nEngine warm-up: {warm['executables']} executables in {warm['seconds']:.1f} s." + eff
+    paths["markdown"].write_text(head + rep["markdown"] + "\n" + (eff + "\n" if eff else ""))
     return {k: str(v) for k, v in paths.items()}

@@ -30,8 +30,10 @@ def without_missing_warm_start(cfg: RunConfig) -> RunConfig:
 async def dry_run(cfg: RunConfig, *, out_dir: str | Path | None = None,
                   on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
     """Runs one attempt at the first version of each stage of the schedule and saves a checkpoint; returns the
-    attempts' outcomes in schedule order."""
+    attempts' outcomes in schedule order. No warm-up (``train.warmup``): three attempts use few of the shapes it
+    would compile, and each compiles on first use instead."""
     cfg = without_missing_warm_start(cfg)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, warmup=False))
     out = out_dir or tempfile.mkdtemp(prefix="sera-dry-run-")
     async with build_loop(cfg, out_dir=out) as loop:
         outcomes = []

@@ -93,14 +93,16 @@ def compile_engine(model_cfg: Qwen3Config, engine: EngineConfig, device: Any, *,
     pool = {k: _sds(pshape, cfg.compute_dtype, fns.pool_sharding) for k in ("k", "v")}
     r = engine.buckets()["batch"][-1]
     state = RowState(token=_sds((r,), jnp.int32, rep), len=_sds((r,), jnp.int32, rep),
-                     n_gen=_sds((r,), jnp.int32, rep), done=_sds((r,), jnp.bool_, rep))
+                     n_gen=_sds((r,), jnp.int32, rep), done=_sds((r,), jnp.bool_, rep),
+                     recent=_sds((r, engine.stop_seq_len), jnp.int32, rep))
     w_max = engine.max_blocks_per_seq
 
     def i32(*shape):
         return _sds(shape, jnp.int32, rep)
 
     def rows_cfg(b):
-        return {k: _sds(s, dt, rep) for k, (s, dt) in row_config_spec(b, engine.max_stop_ids).items()}
+        spec = row_config_spec(b, engine.max_stop_ids, engine.max_stop_seqs, engine.stop_seq_len)
+        return {k: _sds(s, dt, rep) for k, (s, dt) in spec.items()}
 
     programs = []
     with target_backend("gpu"), activate(mesh, rules):

@@ -81,9 +81,9 @@ def report_lines(r: AotReport) -> list[str]:
             f"  assumed tree: {tr.agents:g} agents x {tr.turns_per_agent:g} turns, {tr.completion_tokens} generated + "
             f"{tr.observation_tokens} observed tokens a turn, {tr.system_tokens}-token instructions, "
             f"{tr.sequential_agents:g} agents on the longest chain",
-            f"  train step: {p.train_tokens:,.0f} tokens, {p.train_flops / 1e15:.1f} PFLOP -> {p.train_compute_s:.1f} s "
-            f"at {t.bf16_flops / 1e12:.0f} TFLOP/s x {p.gpus}; NVLink {p.nvlink_s:.2f} s; network {p.network_s:.2f} s; "
-            f"{ov:.1f}-{serial:.1f} s",
+            f"  train step: {p.train_tokens:,.0f} tokens, {p.train_flops / 1e15:.1f} PFLOP -> "
+            f"{p.train_compute_s:.1f} s at {t.bf16_flops / 1e12:.0f} TFLOP/s x {p.gpus}; NVLink {p.nvlink_s:.2f} s; "
+            f"network {p.network_s:.2f} s; {ov:.1f}-{serial:.1f} s",
             f"  decode at {p.decode_rows} rows per GPU: {1e3 * p.decode_step_s:.1f} ms a step (weights + K/V at "
             f"{t.hbm_bytes_per_s / 1e12:.1f} TB/s) = {p.decode_tok_s_per_gpu:,.0f} tokens/s per GPU",
             f"  rollouts per step: throughput floor {p.rollout_throughput_s:.1f} s, latency floor "

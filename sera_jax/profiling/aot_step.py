@@ -25,6 +25,7 @@ from sera_jax.profiling import fsdp, hlo
 from sera_jax.rl.batch import MicroBatch, bucket_length
 from sera_jax.rl.losses import StepConfig
 from sera_jax.training.step import (
+    abstract_micro_batch,
     batch_axis_size,
     batch_shardings,
     init_train_state,
@@ -67,16 +68,7 @@ def abstract_train_state(model_cfg: Qwen3Config, tx: optax.GradientTransformatio
 
 def abstract_batch(mesh: Mesh, micro: int, rows: int, row_len: int, rules: Rules = TRAIN_RULES) -> MicroBatch:
     """Returns stacked micro-batches [micro, rows, row_len] as ``ShapeDtypeStruct``s in the step's layout."""
-    sh = batch_shardings(mesh, rules)
-    dims = (micro, rows, row_len)
-    fields = {}
-    for f in dataclasses.fields(MicroBatch):
-        if f.name == "num_tokens":
-            fields[f.name] = jax.ShapeDtypeStruct((micro,), jnp.int32, sharding=sh.num_tokens)
-        else:
-            dt = jnp.int32 if f.name in ("tokens", "targets", "positions", "segment_ids") else jnp.float32
-            fields[f.name] = jax.ShapeDtypeStruct(dims, dt, sharding=getattr(sh, f.name))
-    return MicroBatch(**fields)
+    return abstract_micro_batch((micro, rows, row_len), batch_shardings(mesh, rules))
 
 
 def step_shapes(token_budget: int, buckets: Sequence[int], context_tokens: int, batch_split: int

@@ -105,7 +105,8 @@ def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: 
     step_dec, tok_s = decode_roofline(cfg, target, decode_rows, mean_ctx)
     generated = trees_per_step * tree.generated_tokens
     # Prompts are prefilled past the cached prefix: each turn adds its observation (and the system prompt once).
-    prefill_tokens = trees_per_step * tree.agents * (tree.system_tokens + tree.turns_per_agent * tree.observation_tokens)
+    prefill_tokens = trees_per_step * tree.agents * (tree.system_tokens
+                                                     + tree.turns_per_agent * tree.observation_tokens)
     prefill_s = 2.0 * cfg.num_params() * prefill_tokens / (gpus * target.bf16_flops)
     throughput_s = generated / (tok_s * gpus) + prefill_s
     latency_s = tree.sequential_agents * tree.turns_per_agent * tree.completion_tokens * step_dec

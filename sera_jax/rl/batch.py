@@ -16,7 +16,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import flax.struct
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
@@ -27,16 +26,20 @@ __all__ = ["MicroBatch", "PackedStep", "DEFAULT_BUCKETS", "bucket_length", "pack
 DEFAULT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
 
 
+# Host (numpy) arrays when packed, device arrays once placed: the step takes either.
+HostOrDevice = Array | np.ndarray
+
+
 @flax.struct.dataclass
 class MicroBatch:
-    tokens: Int[Array, "B T"]          # input token ids
-    targets: Int[Array, "B T"]         # the next token each position predicts
-    positions: Int[Array, "B T"]       # restart at 0 for each packed sequence
-    segment_ids: Int[Array, "B T"]     # 1..k per sequence within a row, 0 = padding
-    loss_mask: Float[Array, "B T"]     # 1 where the target token is trained
-    advantages: Float[Array, "B T"]    # the datum scalar on every trained position, 0 elsewhere
-    old_logprobs: Float[Array, "B T"]  # behaviour logprob of the target token
-    num_tokens: Int[Array, ""]         # loss-masked tokens in the whole step (all micro-batches)
+    tokens: Int[HostOrDevice, "B T"]          # input token ids
+    targets: Int[HostOrDevice, "B T"]         # the next token each position predicts
+    positions: Int[HostOrDevice, "B T"]       # restart at 0 for each packed sequence
+    segment_ids: Int[HostOrDevice, "B T"]     # 1..k per sequence within a row, 0 = padding
+    loss_mask: Float[HostOrDevice, "B T"]     # 1 where the target token is trained
+    advantages: Float[HostOrDevice, "B T"]    # the datum scalar on every trained position, 0 elsewhere
+    old_logprobs: Float[HostOrDevice, "B T"]  # behaviour logprob of the target token
+    num_tokens: Int[HostOrDevice, ""]         # loss-masked tokens in the whole step (all micro-batches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +128,7 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
     micro = []
     for b in range(n_micro):
         rs = slice(b * rows_per_micro, (b + 1) * rows_per_micro)
-        micro.append(MicroBatch(**{k: jnp.asarray(v[rs]) for k, v in {**arr, **flt}.items()},
-                                num_tokens=jnp.asarray(total, jnp.int32)))
+        # Host arrays: the step's placement puts them on the devices in its layout in one transfer.
+        micro.append(MicroBatch(**{k: np.ascontiguousarray(v[rs]) for k, v in {**arr, **flt}.items()},
+                                num_tokens=np.asarray(total, np.int32)))
     return PackedStep(micro, placements, total)

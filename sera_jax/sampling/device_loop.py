@@ -40,13 +40,14 @@ class RowState:
     len: Int[Array, "R"]     # tokens whose K/V are in the pool
     n_gen: Int[Array, "R"]   # tokens generated so far
     done: Bool[Array, "R"]   # finished (or an empty row)
+    recent: Int[Array, "R L"]  # the last L generated tokens, oldest first (-1 before the first): stop sequences
 
     def set_rows(self, index, new: "RowState", **kw) -> "RowState":
         """Returns the state with rows ``index`` replaced by ``new`` (``kw``: ``.at[].set`` options, e.g. mode)."""
         return jax.tree.map(lambda old, n: old.at[index].set(n, **kw), self, new)
 
 # {"temperature": [b] f32, "top_p": [b] f32, "key": [b, 2] uint32, "stop_ids": [b, S] int32 (-1 pads),
-#  "max_new": [b] int32}
+#  "max_new": [b] int32, "stop_seqs": [b, Q, L] int32 (token sequences right-aligned, -1 pads)}
 RowConfig = dict[str, jax.Array]
 
 # The reference decode gathers a chunk's context once into a dense window (see attention.py) when the window of all
@@ -54,11 +55,12 @@ RowConfig = dict[str, jax.Array]
 MAX_WINDOW_BYTES = 1 << 30
 
 
-def init_state(rows: int) -> RowState:
-    """Returns an all-finished row state for ``rows`` rows."""
-    # Three distinct buffers: the engine donates the state, and one buffer may not be donated twice.
+def init_state(rows: int, recent_len: int = 8) -> RowState:
+    """Returns an all-finished row state for ``rows`` rows, remembering ``recent_len`` tokens each."""
+    # Distinct buffers: the engine donates the state, and one buffer may not be donated twice.
     return RowState(token=jnp.zeros((rows,), jnp.int32), len=jnp.zeros((rows,), jnp.int32),
-                    n_gen=jnp.zeros((rows,), jnp.int32), done=jnp.ones((rows,), bool))
+                    n_gen=jnp.zeros((rows,), jnp.int32), done=jnp.ones((rows,), bool),
+                    recent=jnp.full((rows, recent_len), -1, jnp.int32))
 
 
 def _paged_attention_fn(q, k, v, layer, aux):
@@ -131,6 +133,17 @@ def _hits_stop(tokens_B, stop_ids_BS):
     return jnp.any(tokens_B[:, None] == stop_ids_BS, axis=-1)
 
 
+def _hits_stop_seq(recent_BL, stop_seqs_BQL):
+    """Whether each row's last tokens end with one of its stop sequences (right-aligned, -1 pads; all-pad: none)."""
+    agree = (stop_seqs_BQL == recent_BL[:, None, :]) | (stop_seqs_BQL < 0)
+    real = jnp.any(stop_seqs_BQL >= 0, axis=-1)
+    return jnp.any(jnp.all(agree, axis=-1) & real, axis=-1)
+
+
+def _push(recent_BL, tokens_B):
+    return jnp.concatenate([recent_BL[:, 1:], tokens_B[:, None]], axis=1)
+
+
 def prefill(params, pool: Pool, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Array, "B"], new_len_B: Int[Array, "B"],
             table_BW: Int[Array, "B W"], ctx_table_BC: Int[Array, "B C"], *, cfg: Qwen3Config, block_size: int):
     """Computes the uncached part of each prompt; returns (pool, the last new token's logits [B, V] fp32).
@@ -160,8 +173,9 @@ def start_rows(state: RowState, logits_BV: Float[Array, "B V"], ctx_len_B: Int[A
     Returns (state, first_token [B], first_logprob [B], done [B])."""
     b = logits_BV.shape[0]
     tok, lp = sample_tokens(logits_BV, rows["temperature"], rows["top_p"], rows["key"], jnp.zeros((b,), jnp.int32))
-    done = _hits_stop(tok, rows["stop_ids"]) | (rows["max_new"] <= 1)
-    new = RowState(token=tok, len=ctx_len_B + new_len_B, n_gen=jnp.ones((b,), jnp.int32), done=done)
+    recent = _push(jnp.full((b, state.recent.shape[1]), -1, jnp.int32), tok)
+    done = _hits_stop(tok, rows["stop_ids"]) | (rows["max_new"] <= 1) | _hits_stop_seq(recent, rows["stop_seqs"])
+    new = RowState(token=tok, len=ctx_len_B + new_len_B, n_gen=jnp.ones((b,), jnp.int32), done=done, recent=recent)
     return state.set_rows(slot_B, new, mode="drop"), tok, lp, done
 
 
@@ -187,7 +201,7 @@ def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], 
         return (c[0] < steps) & jnp.any(~c[6])
 
     def body(c):
-        i, pool, win, tok, ln, ng, done, out_tok, out_lp = c
+        i, pool, win, tok, ln, ng, done, out_tok, out_lp, recent = c
         active = ~done
         pos = ln[:, None]
         if window:
@@ -204,19 +218,22 @@ def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], 
         out_lp = out_lp.at[:, i].set(jnp.where(active, lp, 0.0))
         step = active.astype(jnp.int32)
         ln, ng = ln + step, ng + step
-        done = done | (active & (_hits_stop(new, rows["stop_ids"]) | (ng >= rows["max_new"])))
-        return i + 1, pool, win, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp
+        recent = jnp.where(active[:, None], _push(recent, new), recent)
+        hit = _hits_stop(new, rows["stop_ids"]) | (ng >= rows["max_new"]) | _hits_stop_seq(recent, rows["stop_seqs"])
+        done = done | (active & hit)
+        return i + 1, pool, win, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp, recent
 
     layers = split_layers(params, cfg.num_layers) if window else []
     win = [dict(zip(("k", "v"), gather_window(pool["k"], pool["v"], i, table_BW))) for i in range(cfg.num_layers)
            ] if window else []
-    carry = (jnp.int32(0), pool, win, st.token, st.len, st.n_gen, done0, out_tok, out_lp)
-    _, pool, _, tok, ln, ng, done, out_tok, out_lp = jax.lax.while_loop(cond, body, carry)
-    state = state.set_rows(index_B, RowState(token=tok, len=ln, n_gen=ng, done=done), mode="drop")
+    carry = (jnp.int32(0), pool, win, st.token, st.len, st.n_gen, done0, out_tok, out_lp, st.recent)
+    _, pool, _, tok, ln, ng, done, out_tok, out_lp, recent = jax.lax.while_loop(cond, body, carry)
+    state = state.set_rows(index_B, RowState(token=tok, len=ln, n_gen=ng, done=done, recent=recent), mode="drop")
     return pool, state, out_tok, out_lp
 
 
-def row_config_spec(b: int, max_stop_ids: int) -> dict[str, Any]:
+def row_config_spec(b: int, max_stop_ids: int, max_stop_seqs: int = 2, stop_seq_len: int = 8) -> dict[str, Any]:
     """Returns the shapes/dtypes of a ``RowConfig`` for ``b`` rows (used to build host buffers and warm-up)."""
     return {"temperature": ((b,), jnp.float32), "top_p": ((b,), jnp.float32), "key": ((b, 2), jnp.uint32),
-            "stop_ids": ((b, max_stop_ids), jnp.int32), "max_new": ((b,), jnp.int32)}
+            "stop_ids": ((b, max_stop_ids), jnp.int32), "max_new": ((b,), jnp.int32),
+            "stop_seqs": ((b, max_stop_seqs, stop_seq_len), jnp.int32)}

@@ -27,6 +27,7 @@ import functools
 import itertools
 import queue
 import threading
+import time
 from typing import Any, Sequence
 
 import jax
@@ -38,6 +39,7 @@ from sera_jax.model.qwen3 import abstract_params
 from sera_jax.model.sharding import param_shardings
 from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
 from sera_jax.parallel.rules import SAMPLE_RULES, Rules
+from sera_jax.sampling.device_clock import DeviceClock
 from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill, start_rows
 from sera_jax.sampling.engine_config import EngineConfig
 from sera_jax.sampling.paged_cache import make_pool, pool_sharding
@@ -57,11 +59,15 @@ class DeviceFunctions:
     replicated: NamedSharding
 
 
+@functools.lru_cache(maxsize=16)
 def device_functions(cfg: Qwen3Config, config: EngineConfig, mesh: Mesh, rules: Rules = SAMPLE_RULES
                      ) -> DeviceFunctions:
     """Returns the jitted prefill / start / decode of an engine with sampler config ``cfg`` (its compute dtype) on
     ``mesh``: the pool and the row state are donated and keep their layouts. Shared by ``Engine`` and the
-    deviceless compile (``profiling.aot``), which lowers them for a described GPU."""
+    deviceless compile (``profiling.aot``), which lowers them for a described GPU.
+
+    Memoised: engines of the same sizes on the same device (the tiny default's evaluations before and after
+    training) share one set of jitted functions, so a shape traced for one is never traced again for the next."""
     pool_sh = pool_sharding(mesh, rules)
     pool_shs = {"k": pool_sh, "v": pool_sh}
     opts = dict(config.compiler_options) or None
@@ -102,7 +108,7 @@ class Engine:
         with activate(self.mesh, rules):
             self.pool = make_pool(self.cfg, config.num_blocks, config.block_size, self.cfg.compute_dtype, self.mesh,
                                   rules)
-        self.state = jax.device_put(init_state(self.sched.rows), self._replicated)
+        self.state = jax.device_put(init_state(self.sched.rows, config.stop_seq_len), self._replicated)
         self._rid = itertools.count()
         self._lock = threading.RLock()  # guards scheduler, params, pool, state between device rounds
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -112,6 +118,7 @@ class Engine:
         self._error: BaseException | None = None
         self.peak_referenced_blocks = 0
         self.peak_waiting = 0
+        self.clock = DeviceClock()
 
     # ---------------------------------------------------------------------------------------------------- weights
     def _place(self, params, owned: bool = False):
@@ -191,6 +198,7 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.clock.close()
 
     # ---------------------------------------------------------------------------------------------------- driver
     def _drive(self) -> None:
@@ -232,6 +240,7 @@ class Engine:
                 self.sched.cancel(req)
 
     def _dispatch_round(self) -> list[tuple]:
+        t0 = time.monotonic()
         out = []
         for _ in range(self.config.prefill_calls):
             pb = self.sched.plan_prefill()
@@ -239,20 +248,22 @@ class Engine:
                 break
             self.pool, logits = self._prefill(self.params, self.pool, pb.tokens, pb.ctx_len, pb.new_len, pb.table,
                                               pb.ctx_table)
-            self.state, tok, lp, _ = self._start(self.state, logits, pb.ctx_len, pb.new_len, pb.slot, pb.rows)
+            self.state, tok, lp, ended = self._start(self.state, logits, pb.ctx_len, pb.new_len, pb.slot, pb.rows)
             self.sched.prefill_dispatched(pb)
-            out.append(("prefill", pb, tok, lp))
+            out.append(("prefill", pb, tok, lp, ended))
         for db in self.sched.plan_decode():
             self.pool, self.state, ot, ol = self._decode(self.params, self.pool, self.state, db.index, db.table,
                                                          db.alive, db.rows)
             out.append(("decode", db, ot, ol))
+        if out:
+            self.clock.dispatched(t0, [x for rec in out for x in rec[2:]])
         return out
 
     def _parse(self, rec) -> list:
-        kind, batch, a, b = rec
+        kind, batch, a, b, *rest = rec
         a, b = np.asarray(a), np.asarray(b)
         if kind == "prefill":
-            return self.sched.on_prefill_output(batch, a, b)
+            return self.sched.on_prefill_output(batch, a, b, np.asarray(rest[0]))
         return self.sched.on_decode_output(batch, a, b)
 
     def _track(self) -> None:
@@ -286,6 +297,11 @@ class Engine:
             jax.block_until_ready(self.state)
         return self.compile_count() - before
 
+    def warm_publish(self, params) -> None:
+        """Runs the cast and copy ``load_weights`` does, without installing the result (warm-up: their programs
+        are compiled before the first real publish)."""
+        jax.block_until_ready(self._place(params))
+
     def compile_count(self) -> int:
         """Returns how many executables the engine's device functions have compiled so far."""
         return self._prefill._cache_size() + self._start._cache_size() + self._decode._cache_size()
@@ -301,7 +317,8 @@ class Engine:
                      blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),
                      peak_referenced_blocks=self.peak_referenced_blocks, peak_waiting=self.peak_waiting,
                      waiting=len(self.sched.waiting), running=len(self.sched.live()), evictions=blocks.evictions,
-                     version=self.sched.version)
+                     version=self.sched.version, compiles=self.compile_count())
+            s["device_busy_s"] = self.clock.busy_s()
             return s
 
 

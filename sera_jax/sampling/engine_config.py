@@ -84,6 +84,10 @@ class EngineConfig:
     max_prefill_tokens: int = 8192  # rows × padded length of one prefill call
     min_prefill_len: int = 16
     max_stop_ids: int = 4
+    # Stop strings end a row on device too: token sequences the host has seen complete one (``scheduler``), up to
+    # ``max_stop_seqs`` per request of at most ``stop_seq_len`` tokens, matched against each row's last tokens.
+    max_stop_seqs: int = 2
+    stop_seq_len: int = 8
     dtype: str = "bfloat16"
     prefix_caching: bool = True  # False: every prompt is computed in full (for benchmarks and A/B checks)
     batch_buckets: tuple[int, ...] = ()  # default: powers of two up to max_batch
@@ -102,8 +106,10 @@ class EngineConfig:
                      "max_prefill_batch", "max_prefill_tokens", "min_prefill_len"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_stop_ids < 0:
-            errors.append("max_stop_ids must be ≥ 0")
+        if self.max_stop_ids < 0 or self.max_stop_seqs < 0:
+            errors.append("max_stop_ids and max_stop_seqs must be ≥ 0")
+        if self.stop_seq_len < 1:
+            errors.append(f"stop_seq_len must be ≥ 1, got {self.stop_seq_len}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             errors.append(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.num_blocks < 2:

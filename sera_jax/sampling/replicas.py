@@ -147,6 +147,19 @@ class EngineReplicas:
         return [jax.tree.map(lambda a, d=d: next(s.data for s in a.addressable_shards if s.device == d), out)
                 for d in devices]
 
+    def warmup(self, params=None) -> int:
+        """Compiles every shape bucket of every engine now (``Engine.warmup``) and, given trainer ``params``, the
+        publish of such weights (nothing is installed); returns the engines' new compilations."""
+        n = sum(e.warmup() for e in self.engines)
+        if params is not None:
+            placed = self._publish(params)
+            if placed is None:
+                for e in self.engines:
+                    e.warm_publish(params)
+            else:
+                jax.block_until_ready(placed)
+        return n
+
     @property
     def version(self) -> int:
         return self.engines[0].version

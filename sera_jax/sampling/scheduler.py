@@ -78,7 +78,12 @@ class Scheduler:
         self.table = np.zeros((self.rows, w), np.int32)
         self.row_cfg = {"temperature": np.zeros(self.rows, np.float32), "top_p": np.ones(self.rows, np.float32),
                         "key": np.zeros((self.rows, 2), np.uint32), "stop_ids": np.full((self.rows, s), -1, np.int32),
-                        "max_new": np.ones(self.rows, np.int32)}
+                        "max_new": np.ones(self.rows, np.int32),
+                        "stop_seqs": np.full((self.rows, config.max_stop_seqs, config.stop_seq_len), -1, np.int32)}
+        # Token sequences seen to complete each stop string (learned from the host's own detection, so they are the
+        # tokenizations the model actually produces): rows carry them and stop on device, a round earlier than the
+        # host could tell them to, and without decoding past the stop.
+        self.stop_seqs: dict[str, list[tuple[int, ...]]] = {}
         self.version = 0
         self.stats = collections.Counter()
 
@@ -144,6 +149,10 @@ class Scheduler:
         cfg["key"][req.slot] = req.key_data
         cfg["stop_ids"][req.slot] = req.stop_ids
         cfg["max_new"][req.slot] = req.max_new
+        cfg["stop_seqs"][req.slot] = -1
+        seqs = [q for st in req.params.stop_strings for q in self.stop_seqs.get(st, ())][: self.config.max_stop_seqs]
+        for i, q in enumerate(seqs):
+            cfg["stop_seqs"][req.slot, i, -len(q):] = q
         self.stats["admitted"] += 1
         self.stats["cached_tokens"] += req.cached_tokens
         return "ok"
@@ -274,12 +283,14 @@ class Scheduler:
                            snapshot=[self.slots[i] if i < self.rows else None for i in index])
 
     # ------------------------------------------------------------------------------------------------------------
-    def on_prefill_output(self, batch: PrefillBatch, tok: np.ndarray, lp: np.ndarray):
-        """Parses a prefill call's first tokens; returns the (request, result) pairs that finished."""
+    def on_prefill_output(self, batch: PrefillBatch, tok: np.ndarray, lp: np.ndarray,
+                          ended: np.ndarray | None = None):
+        """Parses a prefill call's first tokens (``ended``: the device finished the row); returns the (request,
+        result) pairs that finished."""
         done = []
         for i, (req, last) in enumerate(batch.members):
             if last and not req.finished:
-                self._append(req, [int(tok[i])], [float(lp[i])], done)
+                self._append(req, [int(tok[i])], [float(lp[i])], done, ended=ended is not None and bool(ended[i]))
         return done
 
     def on_decode_output(self, batch: DecodeBatch, out_tok: np.ndarray, out_lp: np.ndarray):
@@ -290,11 +301,26 @@ class Scheduler:
                 continue
             valid = out_tok[i] >= 0
             n = int(np.argmin(valid)) if not valid.all() else len(valid)
-            if n:
-                self._append(req, out_tok[i, :n].tolist(), out_lp[i, :n].tolist(), done)
+            # Fewer tokens than the chunk's steps (none included: the row ended on the last step of an earlier
+            # chunk): the device finished the row, and the row must retire here or it would wait forever.
+            self._append(req, out_tok[i, :n].tolist(), out_lp[i, :n].tolist(), done, ended=n < len(valid))
         return done
 
-    def _append(self, req: Request, toks: list[int], lps: list[float], done: list) -> None:
+    def _learn_stop(self, req: Request, n: int) -> None:
+        """Records the shortest token suffix of ``req.tokens[:n]`` that completes one of its stop strings."""
+        cap, longest = self.config.max_stop_seqs, self.config.stop_seq_len
+        for st in req.params.stop_strings:
+            known = self.stop_seqs.setdefault(st, [])
+            if len(known) >= cap:
+                continue
+            for k in range(1, min(longest, n) + 1):
+                if st in self.decode(req.tokens[n - k:n]):
+                    seq = tuple(req.tokens[n - k:n])
+                    if seq not in known:
+                        known.append(seq)
+                    break
+
+    def _append(self, req: Request, toks: list[int], lps: list[float], done: list, ended: bool = False) -> None:
         stops = set(int(s) for s in req.stop_ids if s >= 0)
         reason = None
         for t, l in zip(toks, lps):
@@ -309,9 +335,15 @@ class Scheduler:
         if req.params.stop_strings:
             n = find_stop_string(self.decode, req.tokens, req.params.stop_strings, req.text_checked)
             if n is not None:
+                self._learn_stop(req, n)
                 del req.tokens[n:], req.logprobs[n:]
                 reason = "stop_string"
             req.text_checked = len(req.tokens)
+        if reason is None and ended:
+            # The device ended the row on a learned stop sequence whose text the host did not find again (a
+            # tokenisation that decodes differently in context): the row can produce nothing more, so it ends here.
+            reason = "stop_string"
+            self.stats["stop_unconfirmed"] += 1
         self.stats["generated_tokens"] += len(toks)
         if reason is not None:
             done.append((req, self._retire(req, register=True, reason=reason)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -156,10 +157,15 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                 filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
                 metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
                                                 data_files=data_files), trees_dir=out_dir / "trees",
-                engine_stats=engine.stats)
+                engine_stats=engine.stats, engines=engine,
+                warm_micro_batches=tuple(cfg.train.warmup_micro_batches))
     loop.tokenizer = tokenizer  # for callers that render trees or evaluate
     loop.engine = engine  # EngineReplicas: the policy's sampling engines
     loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
+    if cfg.train.warmup:
+        if judge_engine is not None:
+            judge_engine.warmup()
+        loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
     loop.restore_latest()
     try:
         yield loop

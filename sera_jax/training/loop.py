@@ -40,8 +40,10 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from sera_jax.agents.efficiency import RunWatch
 from sera_jax.agents.env_name import EnvName
-from sera_jax.agents.phases import Trace, phase_times, tracing
+from sera_jax.agents.keys import warm_keys
+from sera_jax.agents.phases import phase_times, tracing
 from sera_jax.agents.records import write_jsonl
 from sera_jax.rl.baselines import (
     GroupCredit,
@@ -52,6 +54,7 @@ from sera_jax.rl.baselines import (
 )
 from sera_jax.rl.batch import pack_datums
 from sera_jax.rl.stages import MethodConfig, position
+from sera_jax.sampling import compile_watch
 from sera_jax.training.admission import Admission
 from sera_jax.training.checkpoint import (
     Checkpointer,
@@ -60,7 +63,7 @@ from sera_jax.training.checkpoint import (
 )
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.stats import tree_metrics
-from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches
+from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches, step_shapes
 from sera_jax.training.task_stream import TaskStream
 
 
@@ -131,6 +134,8 @@ class Loop:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
     engine_stats: Callable[[], list[dict[str, int]]] | None = None  # the sampling engines' counters (rollout/*)
+    engines: Any = None                               # the sampling engines (warm-up; busy fraction)
+    warm_micro_batches: Sequence[int] = (1, 2)        # micro-batch counts the warm-up compiles the step for
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
     _admission: Admission | None = dataclasses.field(default=None, init=False, repr=False)
@@ -153,7 +158,9 @@ class Loop:
         pos = position(self.version, self.method.stage_schedule)
         tasks_per_step = self.stage_tasks_per_step.get(pos.stage, self.tasks_per_step)
         self._t_start = t0 = time.monotonic()
-        trace = Trace()
+        self._compiles0 = compile_watch.snapshot()
+        watch = RunWatch(self.engines)
+        trace = watch.trace
         engine_before = self.engine_stats() if self.engine_stats is not None else None
         with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
             admitted, stats = await self.admission.collect(
@@ -171,6 +178,10 @@ class Loop:
         metrics["time/rollout_uncovered_s"] = phases["uncovered_s"]
         if engine_before is not None:
             metrics.update(generation_metrics(engine_before, self.engine_stats(), t_end - t0))
+        eff = watch.finish()
+        if "engine_busy_fraction" in eff:
+            metrics["rollout/engine_busy_fraction"] = eff["engine_busy_fraction"]
+        metrics.update({f"agents/{k[6:]}": v for k, v in eff.items() if k.startswith("agent_")})
         metrics.update(tree_metrics(trees, env=self.env))
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
@@ -204,14 +215,40 @@ class Loop:
         self.publish(self.state.params)
         metrics["time/publish_s"] = time.perf_counter() - t3
         self.version += 1
+        metrics.update(self._compile_metrics())
         outcome = StepOutcome(self.version, pos.stage, False, "", metrics)
         self._record(outcome)
         if self.checkpointer is not None and self.checkpointer.due(self.version):
             self.save()
         return outcome
 
+    def _compile_metrics(self) -> dict[str, float]:
+        """JAX traces and compilations during the current attempt (0 once the warm-up covered its shapes)."""
+        c = compile_watch.since(getattr(self, "_compiles0", {}))
+        return {"compile/traces": c["traces"], "compile/compiles": c["compiles"],
+                "compile/trace_s": c["traces_s"] + c["lowerings_s"], "compile/compile_s": c["compiles_s"]}
+
+    def warmup(self, log: Callable[[str], None] | None = None) -> dict[str, float]:
+        """Compiles, before the first attempt, what the attempts run: every engine shape, the key derivations, the
+        publish, and the train step at every bucket for ``warm_micro_batches`` micro-batch counts (ahead of time:
+        nothing runs). Returns the counts and the seconds it took."""
+        t0 = time.monotonic()
+        out: dict[str, float] = {}
+        if self.engines is not None:
+            out["engine_executables"] = float(self.engines.warmup(self.state.params))
+        warm_keys()
+        shapes = step_shapes(self.token_budget, self.buckets, batch_axis_size(self.mesh) if self.mesh else 1,
+                             self.warm_micro_batches)
+        out["step_executables"] = float(self.step_fn.warm(self.state, shapes))
+        out["seconds"] = time.monotonic() - t0
+        if log is not None:
+            log(f"warm-up: {out.get('engine_executables', 0):.0f} engine and {out['step_executables']:.0f} train "
+                f"step executables in {out['seconds']:.1f} s")
+        return out
+
     def _skip(self, stage: str, metrics: dict[str, Any], reason: str) -> StepOutcome:
         self.skipped_steps += 1
+        metrics.update(self._compile_metrics())
         outcome = StepOutcome(self.version, stage, True, reason, metrics)
         self._record(outcome)
         return outcome

@@ -13,9 +13,10 @@ the sampler's layout, on device (no host round trip).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import flax.struct
@@ -51,8 +52,9 @@ def _bucket(n: int) -> int:
 
 
 def stack_micro_batches(micro: list[MicroBatch], *, num: int | None = None, row_multiple: int = 1) -> MicroBatch:
-    """Returns the micro-batches stacked to [M, B, T], M padded to ``num`` (default the next power of two) with
-    loss-free micro-batches, and rows padded to a multiple of ``row_multiple`` (the mesh's batch-axis size)."""
+    """Returns the micro-batches stacked to [M, B, T] as host arrays, M padded to ``num`` (default the next power of
+    two) with loss-free micro-batches, and rows padded to a multiple of ``row_multiple`` (the mesh's batch-axis
+    size)."""
     if not micro:
         raise ValueError("no micro-batches to stack")
     m = num if num is not None else _bucket(len(micro))
@@ -67,7 +69,7 @@ def stack_micro_batches(micro: list[MicroBatch], *, num: int | None = None, row_
         pad_m = m - a.shape[0]
         pad_b = (-a.shape[1]) % row_multiple
         arrays[name] = np.pad(a, ((0, pad_m), (0, pad_b), (0, 0)))
-    return MicroBatch(**{k: jnp.asarray(v) for k, v in arrays.items()})
+    return MicroBatch(**arrays)  # host arrays: ``CompiledStep.place`` (or the jitted call) moves them once
 
 
 def _micro_grads(params, mb: MicroBatch, model_cfg: Qwen3Config, step_cfg: StepConfig):
@@ -128,7 +130,8 @@ def train_step(state: TrainState, batch: MicroBatch, *, model_cfg: Qwen3Config, 
 
         def compute(_):
             loss, g, stats = _micro_grads(state.params, mb, model_cfg, step_cfg)
-            return loss.astype(jnp.float32), shard_like_params(jax.tree.map(lambda x: x.astype(jnp.float32), g), model_cfg), stats
+            g = shard_like_params(jax.tree.map(lambda x: x.astype(jnp.float32), g), model_cfg)
+            return loss.astype(jnp.float32), g, stats
 
         def skip(_):
             return jnp.zeros((), jnp.float32), zeros_g, zero_stats
@@ -223,7 +226,9 @@ class CompiledStep:
     """A jitted train step and the layouts it expects: call it as ``step(state, batch) -> (state, metrics)``.
 
     ``batch_sharding`` is where a host batch must be put before the call (None: wherever it is, single device);
-    ``state_shardings`` the layout the state keeps across steps (the state is donated).
+    ``state_shardings`` the layout the state keeps across steps (the state is donated). ``warm(state, shapes)``
+    compiles the step ahead of time for batch shapes [M, B, T] (nothing runs); a call whose batch has one of them
+    uses that executable, so it neither traces nor compiles.
     """
 
     jitted: Any
@@ -231,16 +236,57 @@ class CompiledStep:
     rules: Rules = TRAIN_RULES
     state_shardings: Any = None
     batch_sharding: MicroBatch | None = None
+    executables: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def __call__(self, state: TrainState, batch: MicroBatch) -> tuple[TrainState, dict[str, jax.Array]]:
-        if self.mesh is None:
-            return self.jitted(state, batch)
-        with activate(self.mesh, self.rules):
-            return self.jitted(state, batch)
+        exe = self.executables.get(tuple(batch.tokens.shape))
+        ctx = activate(self.mesh, self.rules) if self.mesh is not None else contextlib.nullcontext()
+        with ctx:
+            return exe(state, batch) if exe is not None else self.jitted(state, batch)
 
     def place(self, batch: MicroBatch) -> MicroBatch:
         """Returns ``batch`` on the devices, in the layout the step expects."""
         return batch if self.batch_sharding is None else jax.device_put(batch, self.batch_sharding)
+
+    def warm(self, state: TrainState, shapes: Sequence[tuple[int, int, int]]) -> int:
+        """Compiles the step for each [M, B, T] of ``shapes`` not compiled yet (abstract batches: nothing runs);
+        returns how many it compiled."""
+        new = 0
+        for shape in shapes:
+            if tuple(shape) in self.executables:
+                continue
+            batch = abstract_micro_batch(shape, self.batch_sharding)
+            ctx = activate(self.mesh, self.rules) if self.mesh is not None else contextlib.nullcontext()
+            with ctx:
+                self.executables[tuple(shape)] = self.jitted.lower(state, batch).compile()
+            # Placing a host batch of this shape runs small programs of its own (splitting rows over devices).
+            zeros = {f.name: np.zeros(getattr(batch, f.name).shape, getattr(batch, f.name).dtype)
+                     for f in dataclasses.fields(MicroBatch)}
+            jax.block_until_ready(self.place(MicroBatch(**zeros)))
+            new += 1
+        return new
+
+
+def abstract_micro_batch(shape: tuple[int, int, int], shardings: MicroBatch | None = None) -> MicroBatch:
+    """Returns stacked micro-batches of ``shape`` [M, B, T] as ``ShapeDtypeStruct``s (in ``shardings``' layout)."""
+    m = shape[0]
+    fields = {}
+    for f in dataclasses.fields(MicroBatch):
+        sh = getattr(shardings, f.name) if shardings is not None else None
+        if f.name == "num_tokens":
+            fields[f.name] = jax.ShapeDtypeStruct((m,), jnp.int32, sharding=sh)
+        else:
+            dt = jnp.int32 if f.name in ("tokens", "targets", "positions", "segment_ids") else jnp.float32
+            fields[f.name] = jax.ShapeDtypeStruct(tuple(shape), dt, sharding=sh)
+    return MicroBatch(**fields)
+
+
+def step_shapes(token_budget: int, buckets: Sequence[int], row_groups: int, micro: Sequence[int] = (1, 2)
+                ) -> list[tuple[int, int, int]]:
+    """Returns the stacked batch shapes [M, B, T] the loop builds (``rl.batch.pack_datums`` with ``row_groups``
+    devices per micro-batch; ``stack_micro_batches`` pads M to a power of two): every bucket T, each M of
+    ``micro``."""
+    return [(m, max(1, token_budget // t) * row_groups, t) for t in sorted(buckets) for m in micro]
 
 
 def make_train_step(model_cfg: Qwen3Config, tx: optax.GradientTransformation, step_cfg: StepConfig = StepConfig(),

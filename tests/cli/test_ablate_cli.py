@@ -14,7 +14,7 @@ from sera_jax.experiments import ablate as ablate_mod
 @pytest.mark.slow
 def test_two_methods_one_seed_one_step(tmp_path, monkeypatch):
     out = tmp_path / "ab"
-    args = ["train.total_steps=1", "eval.num_tasks=4", "rollout.speculative_groups_per_rank=0",
+    args = ["train.total_steps=1", "train.warmup=false", "eval.num_tasks=4", "rollout.speculative_groups_per_rank=0",
             f"warmstart.out_dir={tmp_path / 'unused'}", "eval.rubric_probe_groups=2", "eval.rubric_probe_samples=1",
             "--methods", "sera,rao", "--seeds", "353", "--out", str(out)]
     assert main(args) == 0

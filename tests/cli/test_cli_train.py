@@ -39,7 +39,7 @@ def test_config_error_names_the_key(tmp_path):
 def test_default_run_end_to_end_shortened(tmp_path):
     """``sera-train`` with no config file, shortened: the shipped warm start copied into place, an evaluation on
     Easy validation tasks before and after, one SERA policy version, the learning curve and the summary."""
-    out = _run("--out", str(tmp_path / "run"), f"model.init_from={tmp_path / 'ws'}", "train.total_steps=1",
+    out = _run("--out", str(tmp_path / "run"), f"model.init_from={tmp_path / 'ws'}", "train.total_steps=1", "train.warmup=false",
                "eval.num_tasks=3", "rollout.tasks_per_step=1", "rollout.speculative_groups_per_rank=1", timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "shipped" in (out.stdout + out.stderr)

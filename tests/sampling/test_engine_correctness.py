@@ -123,6 +123,14 @@ def test_stop_ids_and_multi_token_stop_strings(engine):
     r = run(engine.generate(p, SamplingParams(max_new_tokens=24, temperature=0.0, stop_strings=(s, "never!"))))
     assert r.finish_reason == "stop_string" and r.token_ids == full[:expect]
     assert len(r.logprobs) == len(r.token_ids)
+    # The stop string's tokens, once the host has found them, end the row on device: the same turn again generates
+    # no token past the stop (the host's search still decides the cut).
+    learned = engine.sched.stop_seqs[s]
+    assert learned and all(s in tok.decode(q) for q in learned)
+    before = engine.stats()["generated_tokens"]
+    again = run(engine.generate(p, SamplingParams(max_new_tokens=24, temperature=0.0, stop_strings=(s, "never!"))))
+    assert again.token_ids == r.token_ids and again.finish_reason == "stop_string"
+    assert engine.stats()["generated_tokens"] - before == len(again.token_ids)
     # '</python>' assembled from several pieces.
     text_ids = [6, 7, 5]  # "</" "python" ">"
     assert tok.decode(text_ids) == "</python>"

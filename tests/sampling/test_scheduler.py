@@ -77,3 +77,24 @@ def test_each_prefill_call_takes_its_own_waiting_requests():
     a = [r.rid for r, _ in first.members]
     b = [r.rid for r, _ in second.members]
     assert a == [0, 1] and b == [2, 3] and [r.rid for r in sched.waiting] == [4]
+
+
+def test_a_row_the_device_ended_retires_even_when_its_chunk_returns_no_token():
+    # A row can end on device on the last step of a chunk, on a learned stop sequence the host's text check does not
+    # confirm: the next chunk returns no token for it. It must retire then (one round late), not wait forever; a row
+    # given every step of its chunk is still running.
+    sched = scheduler()
+    for rid in range(2):
+        sched.add(request(rid, 20, max_new=64))
+    batch = sched.plan_prefill()
+    sched.prefill_dispatched(batch)
+    assert not sched.on_prefill_output(batch, np.array([5, 6]), np.zeros(2), ended=np.array([False, False]))
+    (chunk,) = sched.plan_decode()
+    live = [i for i, alive in enumerate(chunk.alive) if alive]
+    assert len(live) == 2
+    out = np.full((len(chunk.index), 8), -1, np.int32)
+    out[live[1]] = 7  # the second row ran the whole chunk; the first produced nothing
+    done = sched.on_decode_output(chunk, out, np.zeros(out.shape, np.float32))
+    assert [(req.rid, res.finish_reason) for req, res in done] == [(chunk.snapshot[live[0]].rid, "stop_string")]
+    assert sched.stats["stop_unconfirmed"] == 1
+    assert not chunk.snapshot[live[1]].finished and len(chunk.snapshot[live[1]].tokens) == 9

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 (fake) d
 
 
 def test_a_step_runs_its_groups_on_two_engines_and_publishes_to_both(tmp_path):
-    cfg = load_config([CONFIG], ["model.init_from=null", "rollout.engines=2", "rollout.tasks_per_step=2",
+    cfg = load_config([CONFIG], ["model.init_from=null", "train.warmup=false", "rollout.engines=2", "rollout.tasks_per_step=2",
                                  "rollout.max_completion_tokens=32"])
 
     async def main():
@@ -41,7 +41,7 @@ def test_a_step_runs_its_groups_on_two_engines_and_publishes_to_both(tmp_path):
 
 
 def test_policy_frozen_judge_keeps_the_initial_weights(tmp_path):
-    cfg = load_config([CONFIG], ["model.init_from=null", "env.name=textworld_sync", "env.task_set=sample", "env.difficulties=[]",
+    cfg = load_config([CONFIG], ["model.init_from=null", "train.warmup=false", "env.name=textworld_sync", "env.task_set=sample", "env.difficulties=[]",
                                  "judge.kind=policy_frozen"])
 
     async def main():

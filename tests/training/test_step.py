@@ -93,7 +93,9 @@ def test_non_finite_batch_skips_the_update(setup):
     params, tx, datums = setup
     packed = pack_datums(datums, token_budget=10_000, row_len=64)
     batch = stack_micro_batches(packed.micro_batches)
-    bad = batch.replace(advantages=batch.advantages.at[0, 0, :].set(jnp.nan))
+    adv = np.array(batch.advantages)  # host arrays (stack_micro_batches): poison a copy
+    adv[0, 0, :] = np.nan
+    bad = batch.replace(advantages=adv)
     state0 = init_train_state(params, tx)
     state, metrics = _step(params, tx, bad)
     assert float(metrics["skipped"]) == 1.0 and int(state.step) == 0

@@ -1,0 +1,36 @@
+"""The run's warm-up (``Loop.warmup``, on by ``train.warmup``): every engine shape, the key derivations, the publish
+and the train step's shapes compiled before the first attempt, so that an attempt — rollouts, the train step, the
+publish — traces and compiles nothing (``compile/*`` metrics), and the engine's busy fraction is reported."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sera_jax.config import load_config
+from sera_jax.training.build import build_loop
+
+SMALL = ["model.init_from=null", "train.warmup=true", "rollout.tasks_per_step=1", "rollout.trees_per_task=2",
+         "rollout.speculative_groups_per_rank=0", "rollout.context_tokens=256", "rollout.max_prompt_tokens=192",
+         "rollout.max_completion_tokens=64", "batch.buckets=[256]", "batch.token_budget=512",
+         "method.execution_filter_zero_variance_groups=false", "env.max_steps=2", "env.num_workers=1"]
+
+
+@pytest.mark.slow
+def test_an_attempt_after_the_warm_up_traces_and_compiles_nothing(tmp_path):
+    cfg = load_config(["configs/tiny_cpu.yaml"], SMALL)
+
+    async def go():
+        async with build_loop(cfg, out_dir=tmp_path) as loop:
+            assert loop.step_fn.executables  # the warm-up compiled the step ahead of time
+            return await loop.step()
+
+    outcome = asyncio.run(go())
+    m = outcome.metrics
+    assert not outcome.skipped, outcome.reason  # rollouts, the train step and the publish all ran
+    assert m["compile/traces"] == 0 and m["compile/compiles"] == 0, m
+    assert 0 < m["rollout/engine_busy_fraction"] <= 1.05
+    assert m["agents/lifetime_s"] > 0
+    assert m["agents/engine_s"] + m["agents/env_s"] + m["agents/children_s"] + m["agents/host_s"] == \
+        pytest.approx(m["agents/lifetime_s"])
