@@ -8,12 +8,15 @@ its shipped warm start, the 147 official Easy validation tasks cut to N).
    warmed up on every shape bucket first (not timed), N trees (``eval.concurrency`` at a time) with sandboxed
    cells, sub-agents, prompt building and parsing. Its completion tokens/s over the run's wall time, the engine's
    busy fraction, the compilations after warm-up and where the agents' time went (``agents.efficiency``).
-2. The replay: every agent of those trees becomes a chain of turns (each turn's prompt and completion length, in
-   order), and the chains run through the same engine, ``eval.concurrency`` agents at a time, each turn's prompt
-   extending the last turn's prompt and completion with fresh token ids (no prefix is shared with the job),
-   greedy, exactly the job's completion lengths: the engine alone on the job's shapes, with no environment, no
-   host work and no stop detection.
+2. The replay: the same trees' engine calls, through the same engine, ``eval.concurrency`` trees at a time, with
+   the job's own dependencies: each agent's turns in order, each turn's prompt extending the last turn's prompt and
+   completion with fresh token ids (no prefix is shared with the job), the children a turn launched run (together,
+   their rubrics written meanwhile) before its next turn, and each child's score call in the background until its
+   tree ends; greedy, exactly the job's kept completion lengths. This is the engine alone on the job's shapes and
+   concurrency, with no environment, no sandbox, no host work and no stop detection: what the job would make if
+   nothing but generation took time.
 
+The headline is kept completion tokens/s of the job over the replay's (the same tokens on both sides).
 Both run on this machine's cores; its fp32 matmul rate on the model's shapes is printed beside the numbers (machines
 here differ by 3x). Ends with ``RESULT key=value ...``.
 """
@@ -38,37 +41,78 @@ COUNTERS = ("generated_tokens", "prefill_tokens", "cached_tokens", "decode_calls
             "decode_batch_rows", "prefill_calls", "stop_unconfirmed")
 
 
-def chains_of(trees_path: Path) -> list[list[tuple[int, int]]]:
-    """Returns one chain per agent of the trees in ``trees_path``: (prompt tokens, completion tokens) per turn."""
+def tree_plans(trees_path: Path) -> list[dict]:
+    """Returns, per tree of ``trees_path``, what the engine did for it: per agent its turns (prompt tokens,
+    completion tokens), the children each turn launched, and each child's rubric and score calls."""
     from sera_jax.agents.records import read_jsonl
 
-    chains = []
+    plans = []
     for tree in read_jsonl(trees_path):
+        agents = {}
         for node in tree.nodes.values():
-            turns = [(len(t.prompt_ids), len(t.completion_ids)) for t in node.turns if t.completion_ids]
-            if turns:
-                chains.append(turns)
-    return chains
+            rub = node.misc.get("rubric") or {}
+            calls = {k: (c["prompt_tokens"], c["completion_tokens"]) for k, c in
+                     (("rubric", rub.get("rubric_call")), ("score", rub.get("score_call")))
+                     if c and c.get("completion_tokens")}
+            agents[node.id] = {"turns": [(len(t.prompt_ids), len(t.completion_ids)) for t in node.turns],
+                               "parent": node.parent_id if node.parent_id in tree.nodes else None,
+                               "fork_step": node.fork_step, "calls": calls}
+        plans.append({"root": tree.root_id, "agents": agents})
+    return plans
 
 
-def replay(engine, chains, concurrency: int, vocab: int, seed: int) -> float:
-    """Returns the seconds the engine takes for ``chains`` (see the module docstring, part 2)."""
+def plan_tokens(plans: list[dict]) -> tuple[int, int]:
+    """Returns (completion tokens, engine calls) of ``plans``."""
+    tokens = calls = 0
+    for plan in plans:
+        for a in plan["agents"].values():
+            for _, c in a["turns"] + list(a["calls"].values()):
+                tokens, calls = tokens + c, calls + (c > 0)
+    return tokens, calls
+
+
+def replay(engine, plans, concurrency: int, vocab: int, seed: int) -> float:
+    """Returns the seconds the engine takes for ``plans`` (see the module docstring, part 2)."""
     from sera_jax.sampling import SamplingParams
 
     rs = np.random.RandomState(seed)
     gate = asyncio.Semaphore(concurrency)
 
-    async def agent(chain):
+    async def call(prompt: list[int], n: int) -> list[int]:
+        if n <= 0:
+            return []
+        res = await engine.generate(prompt, SamplingParams(max_new_tokens=n, temperature=0.0))
+        return list(res.token_ids)
+
+    async def agent(plan: dict, aid: str, scoring: list) -> None:
+        a, prev = plan["agents"][aid], []
+        kids = [k for k, c in plan["agents"].items() if c["parent"] == aid]
+        for i, (p, c) in enumerate(a["turns"]):
+            prompt = (prev + rs.randint(0, vocab, p - len(prev)).tolist() if p >= len(prev)
+                      else rs.randint(0, vocab, p).tolist())  # a cut history starts afresh
+            prev = prompt + await call(prompt, c)
+            launched = [k for k in kids if plan["agents"][k]["fork_step"] == i]
+            if launched:  # the turn's cell runs its children (their rubrics written meanwhile), then the next turn
+                await asyncio.gather(*(child(plan, k, scoring) for k in launched))
+
+    async def child(plan: dict, kid: str, scoring: list) -> None:
+        calls = plan["agents"][kid]["calls"]
+        fresh = lambda k: rs.randint(0, vocab, calls[k][0]).tolist()  # noqa: E731
+        rubric = asyncio.ensure_future(call(fresh("rubric"), calls["rubric"][1])) if "rubric" in calls else None
+        await agent(plan, kid, scoring)
+        if rubric is not None:
+            await rubric
+        if "score" in calls:  # scored in the background: the parent does not wait for it, the tree's end does
+            scoring.append(asyncio.ensure_future(call(fresh("score"), calls["score"][1])))
+
+    async def tree(plan: dict) -> None:
         async with gate:
-            prev: list[int] = []
-            for p, c in chain:
-                prompt = (prev + rs.randint(0, vocab, p - len(prev)).tolist() if p >= len(prev)
-                          else rs.randint(0, vocab, p).tolist())  # a cut history starts afresh
-                res = await engine.generate(prompt, SamplingParams(max_new_tokens=c, temperature=0.0))
-                prev = prompt + list(res.token_ids)
+            scoring: list = []
+            await agent(plan, plan["root"], scoring)
+            await asyncio.gather(*scoring)
 
     async def main():
-        await asyncio.gather(*(agent(c) for c in chains))
+        await asyncio.gather(*(tree(p) for p in plans))
 
     t0 = time.perf_counter()
     asyncio.run(main())
@@ -133,7 +177,7 @@ def main() -> None:
                                        num_tasks=args.tasks, num_runs=1))
             c1 = counters(engine)
             eff = rep["efficiency"][0]
-            chains = chains_of(Path(out) / "trees.jsonl")
+            plans = tree_plans(Path(out) / "trees.jsonl")
         job_s = eff["seconds"]
         if args.no_warmup:
             warm()
@@ -141,25 +185,31 @@ def main() -> None:
         print(f"\njob: sera-eval, {args.tasks} tasks ({rep['mean_std']['overall'][0]:.1f}% solved), "
               f"{cfg.eval.concurrency} trees at a time: {efficiency_line(eff)}")
         print(f"  {describe(job, job_s)}")
-        turns = [t for c in chains for t in c]
-        tokens = sum(c for _, c in turns)
-        print(f"\nreplay: its {len(chains)} agents, {len(turns)} turns (mean prompt "
-              f"{np.mean([p for p, _ in turns]):.0f}, completion {np.mean([c for _, c in turns]):.0f} tokens), "
-              f"{cfg.eval.concurrency} agents at a time, through the same engine")
+        tokens, ncalls = plan_tokens(plans)
+        n_agents = sum(len(p["agents"]) for p in plans)
+        print(f"\nreplay: its {len(plans)} trees ({n_agents} agents, {ncalls} engine calls, {tokens} completion "
+              f"tokens), {cfg.eval.concurrency} trees at a time, each agent's turns in order and each turn's children "
+              f"(with their rubric and score calls) before its next turn, through the same engine")
         best = None
         for seed in (1, 2):  # best of two (fresh token ids each): the CPU may be shared
             c0 = counters(engine)
-            secs = replay(engine, chains, cfg.eval.concurrency, policy.model_cfg.vocab_size, seed=seed)
+            secs = replay(engine, plans, cfg.eval.concurrency, policy.model_cfg.vocab_size, seed=seed)
             c1 = counters(engine)
             if best is None or secs < best[0]:
                 best = (secs, {k: c1[k] - c0[k] for k in c1})
         rep_s, rdelta = best
         print(f"  {rep_s:.1f} s (best of two); {describe(rdelta, rep_s)}")
-        job_tps, rep_tps = eff["completion_tokens_per_s"], tokens / rep_s
-        print(f"\n-> the job at {job_tps:,.0f} completion tokens/s, the engine alone on its turns at {rep_tps:,.0f}: "
-              f"{job_tps / rep_tps:.2f}x (machine: {rate / 1e9:.0f} GFLOP/s fp32)")
+        # The headline counts the same tokens on both sides: the completions the trees kept. (The engine's own
+        # count also holds tokens decoded past a stop string and cut, which the job wasted.)
+        job_tps, rep_tps = tokens / job_s, tokens / rep_s
+        print(f"\n-> the job at {job_tps:,.0f} kept completion tokens/s ({eff['completion_tokens_per_s']:,.0f} "
+              f"generated), the engine alone on the same turns at {rep_tps:,.0f}: {job_tps / rep_tps:.2f}x "
+              f"(machine: {rate / 1e9:.0f} GFLOP/s fp32)")
+        if eff.get("traced_functions"):
+            print(f"   traced after warm-up: {eff['traced_functions']}")
         print("RESULT " + " ".join(f"{k}={v}" for k, v in {
-            "tasks": args.tasks, "job_tok_s": round(job_tps), "replay_tok_s": round(rep_tps),
+            "tasks": args.tasks, "job_tok_s": round(job_tps),
+            "job_generated_tok_s": round(eff["completion_tokens_per_s"]), "replay_tok_s": round(rep_tps),
             "job_over_replay": round(job_tps / rep_tps, 3), "job_s": round(job_s, 1),
             "engine_busy": round(eff.get("engine_busy_fraction", 0.0), 3),
             "traces_after_warmup": int(eff["traces"]), "compiles_after_warmup": int(eff["compiles"]),

@@ -28,6 +28,7 @@ import jax
 from tqdm import tqdm
 
 from sera_jax.agents.efficiency import RunWatch, efficiency_line
+from sera_jax.agents.keys import warm_keys
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.phases import tracing
@@ -257,6 +258,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
         t0 = time.monotonic()
         warm = {"executables": engine.warmup()}  # every shape now: nothing is traced or compiled while agents wait
         warm["seconds"] = time.monotonic() - t0
+    warm_keys()  # the turns' key derivations (small programs, compiled once per process)
     if wrap_generator is not None:
         generator = wrap_generator(generator)
     env = cfg.env.name

@@ -21,6 +21,7 @@ _NAMES = {TRACE: "traces", LOWER: "lowerings", COMPILE: "compiles"}
 _lock = threading.Lock()
 _counts: collections.Counter = collections.Counter()
 _functions: collections.Counter = collections.Counter()
+_thread_s: collections.Counter = collections.Counter()  # trace + lower + compile seconds by thread id
 _installed = False
 
 
@@ -31,6 +32,7 @@ def _on_duration(event: str, duration: float, **kwargs) -> None:
     with _lock:
         _counts[name] += 1
         _counts[name + "_s"] += duration
+        _thread_s[threading.get_ident()] += duration
         if name == "traces":
             _functions[str(kwargs.get("fun_name", "?"))] += 1
 
@@ -52,6 +54,14 @@ def snapshot() -> dict[str, float]:
         out = {k: 0.0 for n in _NAMES.values() for k in (n, n + "_s")}
         out.update(_counts)
         return out
+
+
+def thread_seconds() -> float:
+    """Returns the seconds this thread has spent tracing, lowering and compiling so far (the device runs nothing
+    of a call while its caller compiles it)."""
+    install()
+    with _lock:
+        return _thread_s[threading.get_ident()]
 
 
 def traced_functions() -> dict[str, int]:

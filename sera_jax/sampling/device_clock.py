@@ -2,8 +2,9 @@
 
 The driver dispatches a round of device calls (prefills, decode chunks) asynchronously, and the device runs them one
 after another. A round is busy from its dispatch, or the previous round's completion if that is later, until its
-outputs are ready; a watcher thread waits for them so that completion times are not delayed by the driver's own
-host work. Busy seconds over a wall-time window is the engine's busy fraction.
+outputs are ready, less the seconds the driver spent tracing and compiling its calls (the device does not run a call
+its caller is still compiling); a watcher thread waits for the outputs so that completion times are not delayed by
+the driver's own host work. Busy seconds over a wall-time window is the engine's busy fraction.
 """
 
 from __future__ import annotations
@@ -28,26 +29,26 @@ class DeviceClock:
         self._thread = threading.Thread(target=self._watch, name="sera-device-clock", daemon=True)
         self._thread.start()
 
-    def dispatched(self, t_dispatch: float, outputs: Sequence[Any]) -> None:
+    def dispatched(self, t_dispatch: float, outputs: Sequence[Any], compile_s: float = 0.0) -> None:
         """Records a round dispatched at ``t_dispatch`` whose completion is the readiness of ``outputs`` (arrays that
-        no later call donates)."""
+        no later call donates); ``compile_s``: seconds of the dispatch spent tracing and compiling, not busy."""
         with self._lock:
             self._pending += 1
-        self._queue.put((t_dispatch, list(outputs)))
+        self._queue.put((t_dispatch, list(outputs), compile_s))
 
     def _watch(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            t0, outs = item
+            t0, outs, compile_s = item
             try:
                 jax.block_until_ready(outs)
             except Exception:  # noqa: BLE001 - a failed call: its error surfaces in the driver, not here
                 pass
             t1 = time.monotonic()
             with self._lock:
-                self._busy += max(0.0, t1 - max(t0, self._last_ready))
+                self._busy += max(0.0, t1 - max(t0, self._last_ready) - compile_s)
                 self._last_ready = max(self._last_ready, t1)
                 self._pending -= 1
 

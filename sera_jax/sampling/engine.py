@@ -39,6 +39,7 @@ from sera_jax.model.qwen3 import abstract_params
 from sera_jax.model.sharding import param_shardings
 from sera_jax.parallel.mesh import MeshConfig, activate, make_mesh
 from sera_jax.parallel.rules import SAMPLE_RULES, Rules
+from sera_jax.sampling import compile_watch
 from sera_jax.sampling.device_clock import DeviceClock
 from sera_jax.sampling.device_loop import decode_chunk, init_state, prefill, start_rows
 from sera_jax.sampling.engine_config import EngineConfig
@@ -240,7 +241,7 @@ class Engine:
                 self.sched.cancel(req)
 
     def _dispatch_round(self) -> list[tuple]:
-        t0 = time.monotonic()
+        t0, compiling0 = time.monotonic(), compile_watch.thread_seconds()
         out = []
         for _ in range(self.config.prefill_calls):
             pb = self.sched.plan_prefill()
@@ -256,7 +257,8 @@ class Engine:
                                                          db.alive, db.rows)
             out.append(("decode", db, ot, ol))
         if out:
-            self.clock.dispatched(t0, [x for rec in out for x in rec[2:]])
+            self.clock.dispatched(t0, [x for rec in out for x in rec[2:]],
+                                  compile_s=compile_watch.thread_seconds() - compiling0)
         return out
 
     def _parse(self, rec) -> list:

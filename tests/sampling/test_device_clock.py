@@ -1,0 +1,34 @@
+"""The engine's busy clock: device time of dispatched rounds, without the driver's compile time or idle gaps."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from sera_jax.sampling import compile_watch
+from sera_jax.sampling.device_clock import DeviceClock
+
+
+def test_busy_time_counts_rounds_once_and_not_their_compile_seconds():
+    clock = DeviceClock()
+    try:
+        ready = jnp.ones(3)
+        now = time.monotonic()
+        clock.dispatched(now - 1.0, [ready], compile_s=0.4)   # 1 s since dispatch, 0.4 s of it compiling
+        first = clock.busy_s(wait=True)
+        assert 0.55 < first < 0.75, first
+        # A round dispatched before the last one completed is busy only from that completion: not counted twice.
+        clock.dispatched(now - 1.0, [ready])
+        assert clock.busy_s(wait=True) - first < 0.1
+    finally:
+        clock.close()
+
+
+def test_compile_seconds_are_counted_for_the_thread_that_compiles():
+    before, counts = compile_watch.thread_seconds(), compile_watch.snapshot()
+    jax.jit(lambda x: jnp.sin(x) * 3.0 + x.shape[0])(jnp.ones(17)).block_until_ready()
+    after = compile_watch.since(counts)
+    assert after["traces"] >= 1 and after["compiles"] >= 1
+    assert compile_watch.thread_seconds() - before >= after["compiles_s"] > 0
