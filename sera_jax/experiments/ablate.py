@@ -160,8 +160,8 @@ def aggregate(records: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[s
     for m, by_seed in records.items():
         recs = list(by_seed.values())
         row: dict[str, Any] = {"label": VARIANTS[m][0], "seeds": sorted(by_seed)}
-        for key in ("eval_tasks", "success_before", "success_after", "delegation_rate", "eval_delegations_per_tree", "train_s",
-                    "wall_s", "judge_calls", "execution_judge_calls", "judge_labels", "rubric_loss",
+        for key in ("eval_tasks", "success_before", "success_after", "delegation_rate", "eval_delegations_per_tree",
+                    "train_s", "wall_s", "judge_calls", "execution_judge_calls", "judge_labels", "rubric_loss",
                     "rubric_grad_norm", "rubric_ranking_accuracy_first",
                     "rubric_ranking_accuracy_last", "rubric_ranking_auc_first", "rubric_ranking_auc_last",
                     "subagent_score_accuracy_first", "subagent_score_accuracy_last", "rubric_steps_trained",
