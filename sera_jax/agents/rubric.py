@@ -164,10 +164,10 @@ def textworld_dish_lines(state: Any) -> str:
 
 
 def compact_replies(steps: Sequence[dict[str, Any]]) -> str:
-    """Returns a TextWorld child's replies one a line (each cut to ``COMPACT_STEP_CHARS``; the whole cut to
-    ``COMPACT_TRAJECTORY_CHARS``, head and tail kept): what a compact scorer or judge is shown of its steps, the
-    final state standing for the observations."""
-    lines = [" ".join(str(s.get("code", "")).split())[:COMPACT_STEP_CHARS] for s in steps]
+    """Returns a TextWorld child's replies one a line (each cut to its last ``COMPACT_STEP_CHARS``: the block comes
+    last; the whole cut to ``COMPACT_TRAJECTORY_CHARS``, head and tail kept): what a compact scorer or judge is shown
+    of its steps, the final state standing for the observations."""
+    lines = [" ".join(str(s.get("code", "")).split())[-COMPACT_STEP_CHARS:] for s in steps]
     return truncate_context("\n".join(lines) or "(no steps)", COMPACT_TRAJECTORY_CHARS)
 
 

@@ -32,7 +32,7 @@ from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
-from sera_jax.warmstart.textworld_oracle import TextWorldOracle, choose_action, dish_specs, goal_text, ingredient_names
+from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, goal_text, plan, plan_reply
 
 ENV = "textworld_sync"
 # Bumped whenever the oracle or the choice of demonstrations changes what a TextWorld recipe builds.
@@ -58,9 +58,9 @@ def _first_prompt(cfg: Any, tokenizer: Any, text: str, depth: int, observation: 
 def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: TextWorldOracle, n: int,
                       seed: int) -> list[Datum]:
     """Returns ``n`` first-turn datums on fresh worlds of the given tasks: half are roots (the oracle's own choice:
-    a delegation copying every dish into a goal, ``delegate_prob`` of the time, else its first action), half are
-    sub-agents given one dish's goal (their first action). The delegation's copy is the skill a small model is
-    slowest to learn; these are cheap (one turn each)."""
+    a delegation copying every dish into a goal, ``delegate_prob`` of the time, else its plan of every dish; a closed
+    gate opened first), half are sub-agents given one dish's goal (its plan and first step). Turning a task into a
+    delegation or a plan is the copying a small model is slowest to learn; these are cheap (one turn each)."""
     rng = random.Random(seed)
     out: list[Datum] = []
     while len(out) < n:
@@ -77,7 +77,7 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
             dish, spec = specs[rng.randrange(len(specs))]
             goal = goal_text(dish, spec)
             prompt = _first_prompt(cfg, tokenizer, goal, 1, observation, valid)
-            reply, depth = choose_action([dish], ingredient_names(spec), valid, observation), 1
+            reply, depth = plan_reply(plan([(dish, spec)], valid, observation)), 1
         completion = list(tokenizer.encode(reply)) + [tokenizer.im_end_id]  # as the engine ends a reply
         turn = Turn(index=0, prompt_ids=prompt, completion_ids=completion, logprobs=[0.0] * len(completion),
                     policy_version=0, completion_id=None)

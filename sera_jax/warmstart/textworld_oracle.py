@@ -4,20 +4,26 @@ TextWorld warm start's teacher, the twin of ``oracle.TextCraftOracle``).
 ``TextWorldOracle`` is a ``ScriptedGenerator`` script (``script(info, prompt_ids) -> reply text``). Run through the
 real runtime (the shared world, concurrent sub-agents, the rubric coordinator, counterfactual branches, the
 ``policy_frozen`` judge's requests), it produces exactly the token streams the policy will see and write. It decides
-from the prompt alone — the agent's task, the current observation and valid actions (compact prompts,
-``agents/textworld_prompt.py``) — plus one fact of the world's vocabulary a policy learns from its demos: where an
-ingredient starts (the pantry's four, the kitchen for the rest; ``catalog.INGREDIENTS``). So what it does is what a
-model could learn to do from the same prompt:
+from the prompt alone — the agent's task, the current observation and valid actions, its own last reply (compact
+prompts, ``agents/textworld_prompt.py``) — plus one fact of the world's vocabulary a policy learns from its demos:
+where an ingredient starts (the pantry's four, the kitchen for the rest; ``catalog.INGREDIENTS``).
 
-- an agent works on its own dishes: it opens the gate when it is closed, applies a required cut or cook to an own
-  ingredient in the shared inventory, prepares and eats an own dish whose ingredients are ready, takes an own
-  ingredient here, walks to the room where a missing own ingredient starts, waits (``look around``) when blocked,
-  and finishes once its dishes are eaten;
-- the root, with probability ``delegate_prob`` (drawn once per tree), splits the task: after opening a closed gate it
-  launches one sub-agent per dish with ``<delegate>{"delegations": [...]}`` whose goal copies that dish's
-  ingredient lines (``Prepare and eat dish_1: white onion (diced, grilled), salt (raw, uncut), …``); when its
-  sub-agents return without having finished every dish, it does what is left itself (otherwise the world is solved
-  and the root's loop ends). Without delegating, it cooks every dish itself;
+An agent writes a plan and follows it, because a tiny model learns to copy far more easily than to cross-reference
+its goal with the valid actions at every turn (a warm start taught to choose reactively sampled plausible but
+ungrounded actions, 0 of 17 held-out tasks solved):
+
+- its first acting turn writes the whole plan — for each dish, ingredient by ingredient in the order its task lists
+  them, a walk when the ingredient starts in another room, ``take``, then each required cut or cook in the order the
+  task names them, then ``prepare`` and ``eat`` the dish — one step a line after ``Plan:``, and acts its first step
+  (``<action>a</action>``); every later turn copies the previous plan without its first step and acts the next one,
+  until the plan is empty and the agent finishes. A plan made after other agents acted (the root's, once its
+  sub-agents are back) starts from what the observation shows: ingredients on the counter are skipped, one in the
+  shared inventory gets only the cuts and cooks its valid actions still offer, an eaten dish is skipped;
+- the root opens a closed gate first (no agent then waits on it), and with probability ``delegate_prob`` (drawn once
+  per tree) splits the task: one sub-agent per dish with ``<delegate>{"delegations": [...]}`` whose goal copies that
+  dish's ingredient lines (``Prepare and eat dish_1: white onion (diced, grilled), salt (raw, uncut), …``); when its
+  sub-agents return without having finished every dish, it plans what is left and does it (otherwise the world is
+  solved and the root's loop ends). Without delegating, it plans every dish itself;
 - a sub-agent is *sabotaged* with probability ``fail_prob``: after a random number (0-5) of correct turns it finishes
   with the message of a finished dish although its dish is not eaten — the failures the scorer and the judge must
   learn to score 0 (their prompts show the final dish progress and the replies);
@@ -42,13 +48,13 @@ _STRUCTURED = re.compile(r"Dish (dish_\d+): prepare the following ingredients:\n
 _COARSE = re.compile(r"Dish (dish_\d+) uses: ([^\n]*?)\.?$", re.MULTILINE)
 _GOAL = re.compile(r"^Prepare and eat (dish_\d+): ([^\n]*?)\.?$", re.MULTILINE)
 _INGREDIENT = re.compile(r"\s*([^,(]+?)(?: \(([^)]*)\))?(?:,|$)")
-_PROGRESS = re.compile(r"- (dish_\d+): \d+/\d+ ingredients prepared, meal_prepared=\w+, meal_eaten=(\w+)")
+_PROGRESS = re.compile(r"- (dish_\d+): \d+/\d+ ingredients prepared, meal_prepared=(\w+), meal_eaten=(\w+)")
+_PLAN = re.compile(r"Plan:\n((?:[^\n<]+\n)+)<action>")
 _ROOM = re.compile(r"You are in the ([^\n]+)\.")
 _COUNTER = re.compile(r"Shared prepared counter: ([^\n]*)")
 _SECTION = re.compile(r"\[(Delegated SubAgent Task|Delegated Task|Goal)\]\n([^\n]*)")
 PREP_VERBS = ("chop ", "slice ", "dice ", "mince ", "cook ")
 VALID_HEADER = "# Valid Actions\n"
-WAIT = "look around"
 
 
 def messages(text: str) -> list[tuple[str, str]]:
@@ -65,9 +71,15 @@ def dish_specs(task_text: str) -> list[tuple[str, str]]:
     return found or [(d, body.strip()) for d, body in _GOAL.findall(task_text)]
 
 
+def ingredients(spec: str) -> list[tuple[str, list[str]]]:
+    """Returns [(name, [preparation, …])] of ``name (prep, prep), name, …`` (no preparations when none are named)."""
+    return [(m.group(1).strip(), [p.strip() for p in (m.group(2) or "").split(",") if p.strip()])
+            for m in _INGREDIENT.finditer(spec) if m.group(1).strip()]
+
+
 def ingredient_names(spec: str) -> list[str]:
     """Returns the ingredient names of ``name (prep, prep), name, …``."""
-    return [m.group(1).strip() for m in _INGREDIENT.finditer(spec) if m.group(1).strip()]
+    return [name for name, _ in ingredients(spec)]
 
 
 def goal_text(dish_id: str, spec: str) -> str:
@@ -94,7 +106,66 @@ def prep_object(action: str) -> str | None:
 
 def eaten_dishes(text: str) -> dict[str, bool]:
     """Returns {dish id: eaten} from the last dish-progress lines of ``text``."""
-    return {d: v == "True" for d, v in _PROGRESS.findall(text)}
+    return {d: e == "True" for d, _, e in _PROGRESS.findall(text)}
+
+
+def prepared_dishes(text: str) -> dict[str, bool]:
+    """Returns {dish id: meal prepared} from the last dish-progress lines of ``text``."""
+    return {d: p == "True" for d, p, _ in _PROGRESS.findall(text)}
+
+
+def prep_commands(name: str, preps: Sequence[str]) -> list[str]:
+    """Returns the cut and cook commands that give ``name`` its preparations, in the order they are named (raw and
+    uncut need none): ``dice X``, ``cook X on grill``, …"""
+    cuts, cooks = dict(catalog.CUTS), dict(catalog.COOKS)
+    out = []
+    for p in preps:
+        if p in cuts:
+            out.append(f"{cuts[p]} {name}")
+        elif p in cooks:
+            out.append(f"cook {name} {catalog.TOOL_PHRASE[cooks[p]]}")
+    return out
+
+
+def plan(specs: Sequence[tuple[str, str]], valid: Sequence[str], observation: str) -> list[str]:
+    """Returns the actions that finish the dishes of ``specs`` from the state the observation and valid actions show
+    (see the module docstring): per dish not yet eaten, per ingredient not yet on the counter, a walk to its room
+    when needed, ``take``, its cuts and cooks (only those still offered when it is already in the shared inventory);
+    then ``prepare`` (unless prepared) and ``eat``."""
+    counter = _COUNTER.findall(observation)
+    ready = {x.strip() for x in counter[-1].split(",")} if counter else set()
+    room = (_ROOM.findall(observation) or ["kitchen"])[-1]
+    eaten, prepared = eaten_dishes(observation), prepared_dishes(observation)
+    held: dict[str, list[str]] = {}
+    for a in valid:
+        if prep_object(a) is not None:
+            held.setdefault(prep_object(a), []).append(a)
+    out: list[str] = []
+    for dish, spec in specs:
+        if eaten.get(dish):
+            continue
+        if not prepared.get(dish):
+            for name, preps in ingredients(spec):
+                if name in ready:
+                    continue
+                if name in held:
+                    out += held[name]
+                    continue
+                target = home_room(name)
+                if target != room:
+                    out.append(f"go to {target}")
+                    room = target
+                out += [f"take {name}", *prep_commands(name, preps)]
+            out.append(f"prepare {dish}")
+        out.append(f"eat {dish}")
+    return out
+
+
+def plan_reply(actions: Sequence[str]) -> str:
+    """Returns a reply that states the remaining plan, one step a line, and acts its first step. Each step stands at
+    the start of a line, as in the valid-action list and in the action block, so it is the same tokens in all three:
+    following the plan is copying."""
+    return "Plan:\n" + "".join(f"{a}\n" for a in actions) + f"<action>{actions[0]}</action>"
 
 
 def finish_text(dishes: Sequence[str]) -> str:
@@ -121,40 +192,6 @@ def judge_text(success: bool, dishes: Sequence[str]) -> str:
     """Returns the oracle's judge label of a child whose goal's ``dishes`` were (or were not) all eaten."""
     names = ", ".join(dishes) or "the goal"
     return json.dumps({"success": success, "reason": f"{names} {'eaten' if success else 'not eaten'}"})
-
-
-def choose_action(dishes: Sequence[str], names: Sequence[str], valid: Sequence[str], observation: str) -> str:
-    """Returns the oracle's reply for an agent owning ``dishes`` (ingredients ``names``) that sees ``valid`` actions and
-    ``observation``: a world action, or its finish once those dishes are eaten."""
-    valid_set = set(valid)
-    if "open door" in valid_set:
-        return "<action>open door</action>"
-    mine = set(names)
-    prepping = {prep_object(a) for a in valid if prep_object(a) in mine}
-    for a in valid:
-        if prep_object(a) in mine:
-            return f"<action>{a}</action>"
-    for verb in ("eat", "prepare"):
-        for d in dishes:
-            if f"{verb} {d}" in valid_set:
-                return f"<action>{verb} {d}</action>"
-    for x in names:
-        if f"take {x}" in valid_set:
-            return f"<action>take {x}</action>"
-    eaten = eaten_dishes(observation)
-    if dishes and all(eaten.get(d) for d in dishes):
-        return finish_text(dishes)
-    counter = _COUNTER.findall(observation)
-    ready = {x.strip() for x in counter[-1].split(",")} if counter else set()
-    pending = [x for x in names if x not in ready and x not in prepping]
-    room = (_ROOM.findall(observation) or ["kitchen"])[-1]
-    for x in pending:
-        target = home_room(x)
-        if target != room and f"go to {target}" in valid_set:
-            return f"<action>go to {target}</action>"
-    if pending:
-        return f"<action>{WAIT}</action>"  # an own ingredient here is blocked (full inventory, a cooling tool)
-    return finish_text(dishes)
 
 
 class TextWorldOracle:
@@ -199,7 +236,6 @@ class TextWorldOracle:
         task = first.split("# Task\n", 1)[-1]
         specs = dish_specs(task)
         dishes = [d for d, _ in specs]
-        names = [n for _, s in specs for n in ingredient_names(s)]
         block = last.split(VALID_HEADER, 1)[-1].split("\n\n", 1)[0] if VALID_HEADER in last else ""
         valid = [a for a in block.splitlines() if a.strip()]
         observation = last.split(VALID_HEADER, 1)[0]
@@ -216,4 +252,12 @@ class TextWorldOracle:
         elif rng.random() < self.fail_prob and turn == rng.randrange(6):
             self.sabotaged.add(key)
             return finish_text(dishes)  # claims the dish although it is not eaten
-        return choose_action(dishes, names, valid, observation)
+        previous = next((c for r, c in reversed(msgs) if r == "assistant"), "")
+        following = _PLAN.findall(previous)
+        if following:  # copy the plan without the step just taken
+            rest = following[-1].splitlines()[1:]
+            return plan_reply(rest) if rest else finish_text(dishes)
+        if "open door" in valid:
+            return "<action>open door</action>"
+        steps = plan(specs, valid, observation)
+        return plan_reply(steps) if steps else finish_text(dishes)

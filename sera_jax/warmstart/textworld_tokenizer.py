@@ -3,8 +3,8 @@ TextWorld-Sync agent sees and writes in the compact style.
 
 The corpus is what the policy meets: compact system prompts and first messages, the observations and valid actions
 along the oracle's single-agent and split solutions (``envs_py.textworld_sync.solver``) of generated tasks of every
-family and difficulty and of the official sample, the oracle's replies (actions, delegations with their goals,
-finish messages), rubric, scoring and judge requests and replies, the sub-agent results block and the protocol's
+family and difficulty and of the official sample, the oracle's replies (plans and their copies, actions, delegations
+with their goals, finish messages), rubric, scoring and judge requests and replies, the sub-agent results block and the protocol's
 error texts. Pieces may span spaces, so each of the 22 ingredient names is one piece (``" block of cheese"``),
 the same in the task, the observation, the valid actions and a delegated goal: copying the dishes into a delegation
 or matching a goal's ingredient to an action is matching single tokens, and prompts take ~25% fewer tokens than with
@@ -34,6 +34,8 @@ from sera_jax.warmstart.textworld_oracle import (
     finish_text,
     goal_text,
     judge_text,
+    plan,
+    plan_reply,
     rubric_text,
     score_text,
 )
@@ -70,6 +72,8 @@ def _task_texts(task, texts: list[str]) -> None:
     goals = [goal_text(d, s) for d, s in specs]
     delegate = f"<delegate>{json.dumps({'delegations': [{'goal': g} for g in goals]})}</delegate>"
     texts.append(delegate)
+    for steps in [plan(specs, valid, obs)] + [plan([s], valid, obs) for s in specs]:
+        texts += [plan_reply(steps[k:]) for k in range(len(steps))]  # a plan, then its copies without the first step
     for g, (d, _) in zip(goals, specs):
         texts += [g, P.compact_task_message(g, obs, valid), rubric_text(g), finish_text([d])]
         ctx = Rb.RubricContext(parent_goal=task.goal, metadata={}, parent_messages=[], parent_action=delegate,

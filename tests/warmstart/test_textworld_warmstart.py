@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 
@@ -28,6 +29,8 @@ from sera_jax.warmstart.textworld_oracle import (
     goal_text,
     ingredient_names,
     judge_text,
+    plan,
+    plan_reply,
     prep_object,
     rubric_text,
     score_text,
@@ -81,6 +84,23 @@ def test_texts_parse():
     assert parse_rubric(rubric_text(goal))[0]["success_gate"] == "dish_1 eaten"
     assert parse_score(score_text(True))[0].value == 1.0 and not parse_score(score_text(False))[0].success
     assert parse_judge_reply(judge_text(False, ["dish_1"]))[:2] == (False, "dish_1 not eaten")
+
+
+def test_a_plan_walks_takes_prepares_and_skips_what_is_done():
+    specs = [("dish_1", "salt (raw, uncut), white onion (grilled, diced)"), ("dish_2", "water (raw, uncut)")]
+    fresh = "You are in the kitchen.\nShared prepared counter: (empty)\n" \
+        "- dish_1: 0/2 ingredients prepared, meal_prepared=False, meal_eaten=False\n" \
+        "- dish_2: 0/1 ingredients prepared, meal_prepared=False, meal_eaten=False"
+    assert plan(specs, [], fresh) == ["go to pantry", "take salt", "go to kitchen", "take white onion",
+                                      "cook white onion on grill", "dice white onion", "prepare dish_1", "eat dish_1",
+                                      "take water", "prepare dish_2", "eat dish_2"]
+    # Later (a sub-agent came back): salt is ready, the onion is held and only its cut is still offered, dish_2 eaten.
+    later = fresh.replace("(empty)", "salt").replace("0/1 ingredients prepared, meal_prepared=False, meal_eaten=False",
+                                                     "1/1 ingredients prepared, meal_prepared=True, meal_eaten=True")
+    assert plan(specs, ["look around", "dice white onion"], later) == ["dice white onion", "prepare dish_1",
+                                                                        "eat dish_1"]
+    reply = plan_reply(["take salt", "eat dish_1"])
+    assert reply == "Plan:\ntake salt\neat dish_1\n<action>take salt</action>"
 
 
 def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok, tasks):
@@ -150,3 +170,16 @@ def test_the_tokenizer_rebuilds_to_the_shipped_pieces(tmp_path):
     ids = tok.encode('{"goal": "Prepare and eat dish_1: block of cheese (fried, sliced)."}')
     assert " block of cheese" in [tok.decode([i]) for i in ids]  # a name is one piece, as in the task text
 
+
+
+def test_shipped_warm_start_is_the_configs():
+    """The package's TextWorld warm start was built from exactly the config's recipe (else it would not be used)."""
+    from sera_jax.warmstart.sft import recipe, shipped_dir, shipped_matches
+
+    cfg = load_config([CONFIG])
+    assert shipped_dir(cfg).name == "tiny_textworld_warmstart"
+    assert shipped_matches(cfg), "rebuild it: sera-warmstart configs/tiny_textworld.yaml --ship"
+    stats = json.loads((shipped_dir(cfg) / "warmstart.json").read_text())["stats"]
+    assert stats["oracle_root_success"] == 1.0 and stats["judge_calls"] > 0
+    changed = load_config([CONFIG], ["warmstart.fail_prob=0.5"])
+    assert recipe(changed) != recipe(cfg) and not shipped_matches(changed)
