@@ -3,12 +3,12 @@ TextWorld-Sync agent sees and writes in the compact style.
 
 The corpus is what the policy meets: compact system prompts and first messages, the observations and valid actions
 along the oracle's single-agent and split solutions (``envs_py.textworld_sync.solver``) of generated tasks of every
-family and difficulty and of the official sample, the oracle's replies (plans and their copies, actions, delegations
-with their goals, finish messages), rubric, scoring and judge requests and replies, the sub-agent results block and the protocol's
-error texts. Pieces may span spaces, so each of the 22 ingredient names is one piece (``" block of cheese"``),
-the same in the task, the observation, the valid actions and a delegated goal: copying the dishes into a delegation
-or matching a goal's ingredient to an action is matching single tokens, and prompts take ~25% fewer tokens than with
-pieces cut at spaces. Built deterministically
+family and difficulty and of the official sample, the oracle's replies (plans and their copies, actions,
+delegations with their goals, finish messages), rubric, scoring and judge requests and replies, the sub-agent results
+block and the protocol's error texts. Pieces may span spaces, so each of the 22 ingredient names is one piece
+(``" block of cheese"``), the same in the task, the observation and a delegated goal, and a step at the start of a
+line (``take white onion``) is the same pieces in the valid-action list, a plan and an action block: copying is
+copying tokens, and prompts take ~25% fewer tokens than with pieces cut at spaces. Built deterministically
 (sorted corpus, single-threaded trainer). The package ships the result (``assets/textworld_tiny.model``, 1,024
 pieces; ``python -m sera_jax.warmstart.textworld_tokenizer sera_jax/assets/textworld_tiny.model`` regenerates it,
 and a test checks that a rebuild gives the same pieces).
