@@ -13,7 +13,9 @@
   reference's ``extra_body``, ``Training/runtime/kimi_judge/client.py`` and ``textworld_rao_policy_judge/judge.py``);
   ``extra_body`` replaces them (``{}`` sends none, for an endpoint that rejects unknown fields).
 * ``PolicyJudge`` — the ``policy_frozen`` judge: the same prompt and strict parsing, answered by our own engine
-  serving a frozen copy of the initial policy (``frozen_policy_engine``), so labels need no network.
+  serving a frozen copy of the initial policy (``frozen_policy_engine``), so labels need no network. With
+  ``style="compact"`` (a tiny policy, ``env.prompt_style: compact``) its prompt is ``compact_judge_messages``: the
+  goal, the final dish progress, the finish message and the replies, without the observations.
 
 Attempts per label are the judge's ``max_attempts``: 3 for the branch (RT) judge; the TextWorld execution judge of the
 RAO family makes one (recipes.md §1b Notes) — ``with_attempts(judge, 1)`` returns such a copy of a configured judge.
@@ -45,7 +47,7 @@ from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.phases import span
 from sera_jax.agents.policy_call import CallSpec, policy_call
 from sera_jax.agents.records import Node
-from sera_jax.agents.rubric import extract_json_object, truncate_context
+from sera_jax.agents.rubric import compact_replies, extract_json_object, truncate_context
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling.engine import Engine
 
@@ -91,6 +93,26 @@ def judge_messages(goal: str, parent_goal: str, node: Node) -> list[dict[str, st
                         f"Final message: {node.finish_message!r}; error: {node.error_message!r}",
                         'Answer with {"success": bool, "reason": str} only.'])
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+COMPACT_JUDGE_SYSTEM = ('Judge whether the sub-agent completed its goal. Reply with one JSON object: '
+                        '{"success": true|false, "reason": "..."}.')
+
+
+def dish_progress(observation: str) -> str:
+    """Returns the dish-progress lines (``- dish_…``) of a TextWorld observation, or ``(unknown)`` when it has none."""
+    lines = [ln for ln in str(observation or "").splitlines() if ln.startswith("- dish_")]
+    return "\n".join(lines) or "(unknown)"
+
+
+def compact_judge_messages(goal: str, node: Node) -> list[dict[str, str]]:
+    """Returns the compact judge's (system, user) messages for one TextWorld sub-agent (the tiny CPU default's
+    ``policy_frozen`` judge): its goal, the dish progress of its final observation, its finish message and its
+    replies — the same evidence, laid out as the compact scorer's, that fits a tiny model's context."""
+    steps = [{"code": t.code} for t in node.turns]
+    user = "\n\n".join([f"[Goal]\n{goal}", "[Final State]\n" + dish_progress(node.misc.get("final_observation", "")),
+                         f"[Finish]\n{node.finish_message}", "[Trajectory]\n" + compact_replies(steps)])
+    return [{"role": "system", "content": COMPACT_JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
 def parse_judge_reply(text: str) -> tuple[bool | None, str, str]:
@@ -207,15 +229,19 @@ class PolicyJudge:
     """The ``policy_frozen`` judge: our own generator (an engine over frozen initial params) answers the prompt."""
 
     def __init__(self, generator: Any, tokenizer: Any, *, seed: int = 0, temperature: float = 1.0,
-                 max_new_tokens: int = 1024, max_prompt_tokens: int = 10240, max_attempts: int = 3):
+                 max_new_tokens: int = 1024, max_prompt_tokens: int = 10240, max_attempts: int = 3,
+                 style: str = "paper"):
+        if style not in ("paper", "compact"):
+            raise ValueError(f"judge prompt style must be 'paper' or 'compact', got {style!r}")
         self.generator, self.tokenizer = generator, tokenizer
         self.key = jax.random.key(seed)
         self.spec = CallSpec(temperature, max_new_tokens, max_prompt_tokens)
-        self.max_attempts = max_attempts
+        self.max_attempts, self.style = max_attempts, style
 
     async def label(self, node: Node, parent_goal: str = "") -> Label:
         """Returns the frozen policy's label (success None when no attempt gave a valid reply)."""
-        messages = judge_messages(node.goal, parent_goal, node)
+        messages = compact_judge_messages(node.goal, node) if self.style == "compact" else \
+            judge_messages(node.goal, parent_goal, node)
         last = ""
         spent = _Spent()
         for attempt in range(1, self.max_attempts + 1):

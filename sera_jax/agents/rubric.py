@@ -143,6 +143,50 @@ def compact_score_request(rubric: dict[str, Any], delegated_task: str, trajector
     return [{"role": "system", "content": COMPACT_SCORE_SYSTEM}, {"role": "user", "content": user}]
 
 
+COMPACT_STEP_CHARS = 120       # a TextWorld reply shown to a compact scorer or judge (the policy's text: untrusted)
+COMPACT_TRAJECTORY_CHARS = 2000  # all of them (head and tail kept), so the request fits a tiny model's context
+
+
+def textworld_dish_lines(state: Any) -> str:
+    """Returns a TextWorld object tree's dishes as the observation's dish-progress lines (``- dish_1: 2/3
+    ingredients prepared, meal_prepared=False, meal_eaten=False``), or ``(unknown)`` when ``state`` has none."""
+    dishes = state.get("dishes") if isinstance(state, dict) else None
+    if not isinstance(dishes, dict) or not dishes:
+        return "(unknown)"
+    lines = []
+    for dish_id, d in dishes.items():
+        d = d if isinstance(d, dict) else {}
+        ings = d.get("ingredients") if isinstance(d.get("ingredients"), dict) else {}
+        ready = sum(1 for i in ings.values() if isinstance(i, dict) and i.get("ready"))
+        lines.append(f"- {dish_id}: {ready}/{len(ings)} ingredients prepared, "
+                     f"meal_prepared={bool(d.get('meal_prepared'))}, meal_eaten={bool(d.get('meal_eaten'))}")
+    return "\n".join(lines)
+
+
+def compact_replies(steps: Sequence[dict[str, Any]]) -> str:
+    """Returns a TextWorld child's replies one a line (each cut to its last ``COMPACT_STEP_CHARS``: the block comes
+    last; the whole cut to ``COMPACT_TRAJECTORY_CHARS``, head and tail kept): what a compact scorer or judge is shown
+    of its steps, the final state standing for the observations."""
+    lines = [" ".join(str(s.get("code", "")).split())[-COMPACT_STEP_CHARS:] for s in steps]
+    return truncate_context("\n".join(lines) or "(no steps)", COMPACT_TRAJECTORY_CHARS)
+
+
+def compact_textworld_score_request(rubric: dict[str, Any], delegated_task: str, trajectory: dict[str, Any],
+                                    final_state: dict[str, Any]) -> list[dict[str, str]]:
+    """Returns the compact scoring messages of a TextWorld child: the delegated task, the rubric's item names and
+    gate, the final dish progress (the world's object tree rendered as observation lines), the finish message and
+    the child's replies."""
+    items = ", ".join(str(i.get("name", "")) for i in rubric.get("rubric_items", []))
+    user = "\n\n".join([
+        "[Delegated Task]\n" + delegated_task,
+        f"[Rubric]\n{items}; gate: {rubric.get('success_gate', '')}",
+        "[Final State]\n" + textworld_dish_lines(final_state),
+        f"[Finish]\n{trajectory.get('finish_message')}",
+        "[Trajectory]\n" + compact_replies(trajectory.get("steps", [])),
+    ])
+    return [{"role": "system", "content": COMPACT_SCORE_SYSTEM}, {"role": "user", "content": user}]
+
+
 def rubric_request(ctx: RubricContext, min_items: int = 2, style: str = "paper") -> list[dict[str, str]]:
     """Returns the two messages (system, user) of the rubric-writer call (``style`` "compact": see
     ``compact_rubric_request``)."""
@@ -163,10 +207,12 @@ def rubric_request(ctx: RubricContext, min_items: int = 2, style: str = "paper")
 
 
 def score_request(rubric: dict[str, Any], delegated_task: str, trajectory: dict[str, Any],
-                  final_state: dict[str, Any], style: str = "paper") -> list[dict[str, str]]:
+                  final_state: dict[str, Any], style: str = "paper", env: str = "textcraft") -> list[dict[str, str]]:
     """Returns the two messages of the scoring call: the frozen rubric, the child's own steps, the final state
-    (``style`` "compact": see ``compact_score_request``)."""
+    (``style`` "compact": see ``compact_score_request``, for TextWorld ``compact_textworld_score_request``)."""
     if style == "compact":
+        if env != "textcraft":
+            return compact_textworld_score_request(rubric, delegated_task, trajectory, final_state)
         return compact_score_request(rubric, delegated_task, trajectory, final_state)
     payload = {"delegated_task": delegated_task, "final_environment_state": final_state,
                "frozen_rubric": rubric, "trajectory": trajectory}

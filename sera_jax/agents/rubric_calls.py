@@ -167,7 +167,8 @@ async def write_rubric(run: Any, ctx: RubricContext, spec: CallSpec, name: str, 
 async def score_node(run: Any, rubric: dict, node: Node, final_state: dict, spec: CallSpec,
                      name: str) -> tuple[CallResult, Score | None, str]:
     """Returns (the call, the parsed Score | None, why it is invalid) for one finished child under ``rubric``."""
-    messages = score_request(rubric, node.goal, node_view(node), final_state, style=run.settings.prompt_style)
+    messages = score_request(rubric, node.goal, node_view(node), final_state, style=run.settings.prompt_style,
+                             env=run.settings.env)
     res = await policy_call(run.generator, run.tokenizer, messages, spec, root_key=run.root_key, name=name,
                             tree_id=run.tree.id, depth=node.depth, timeout_s=run.settings.step_timeout_s)
     if res.error:

@@ -10,7 +10,8 @@ observation, the agent's budget, the valid actions and the score flags.
 
 Departure from the reference (on purpose): the first user message keeps the *initial* observation; the reference
 refreshes it every turn, which would re-template the prompt each turn and defeat prefix caching and prefix merging.
-The current observation is in every per-turn message anyway.
+The current observation is in every per-turn message anyway. ``prompt_style: compact`` (the tiny CPU default) uses
+``textworld_prompt``'s compact texts: the same observation and valid actions, without the paper's instructions.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from envs_py.textworld_sync.protocol import parse_reply
 from sera_jax.agents.harness import Episode, TreeRun, run_episode
 from sera_jax.agents.launchers.base import ChildSpec, LaunchRequest
 from sera_jax.agents.records import DelegationPoint, Node, Turn
-from sera_jax.agents.textworld_prompt import system_prompt
+from sera_jax.agents.textworld_prompt import (
+    compact_feedback,
+    compact_system_prompt,
+    compact_task_message,
+    system_prompt,
+)
 
 CRASH_PREFIX = "SubAgent crashed: "
 
@@ -44,6 +50,13 @@ class TextWorldEpisode(Episode):
         obs, infos = await self.env.observe(node.id)
         self.node.misc["initial_observation"] = obs
         can_delegate = s.subagents_enabled and node.depth < s.max_depth
+        if s.prompt_style == "compact":
+            self.messages = [
+                {"role": "system", "content": compact_system_prompt(can_delegate)},
+                {"role": "user", "content": compact_task_message(self.task_text, obs,
+                                                                 list(infos.get("validActions") or []))},
+            ]
+            return
         self.messages = [
             {"role": "system", "content": system_prompt(node.id, node.depth, s.max_depth, can_delegate,
                                                         s.subagents_enabled)},
@@ -91,8 +104,11 @@ class TextWorldEpisode(Episode):
         if _over(self.infos):
             self.done = True
         self.messages.append({"role": "assistant", "content": text})
-        self.messages.append({"role": "user", "content": M.turn_feedback_text(turn.index, observation,
-                                                                             node.max_steps, self.infos)})
+        if self.run.settings.prompt_style == "compact":
+            feedback = compact_feedback(observation, list(self.infos.get("validActions") or []))
+        else:
+            feedback = M.turn_feedback_text(turn.index, observation, node.max_steps, self.infos)
+        self.messages.append({"role": "user", "content": feedback})
 
     async def _step(self, turn: Turn, command: str):
         self.run.event("env_start", node=self.node.id, turn=turn.index)

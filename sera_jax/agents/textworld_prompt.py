@@ -42,3 +42,30 @@ def system_prompt(agent_id: str, depth: int, max_depth: int, can_delegate: bool,
     parts.append("Return exactly one block per reply. Success is judged by the environment itself, not by a language "
                  "model.")
     return "\n\n".join(parts)
+
+
+# The compact style (``prompt_style: compact``; the tiny CPU default, ``configs/tiny_textworld.yaml``): the same
+# world, observations, valid actions and reply protocol in a few lines, for models too small to use the paper's
+# instructions. Departures, on purpose: no agent id (siblings' and fork branches' prompts then share their prefix in
+# the engine's cache), delegation offered only while the agent may still delegate (a tiny model is not told its
+# depth), and no budget lines or score flags per turn. The task comes last in the first message: the root's
+# delegation copies its dishes from close by.
+COMPACT_SYSTEM = "You are an agent in a shared cooking world. Reply with one block: <action>a valid action</action>"
+COMPACT_DELEGATE = ', <delegate>{"delegations": [{"goal": "..."}]}</delegate> to start sub-agents on parts of it'
+COMPACT_FINISH = ", or <finish>message</finish> when your task is done."
+VALID_HEADER = "# Valid Actions"
+
+
+def compact_system_prompt(can_delegate: bool) -> str:
+    """Returns the compact system message (the delegate block offered iff ``can_delegate``)."""
+    return COMPACT_SYSTEM + (COMPACT_DELEGATE if can_delegate else "") + COMPACT_FINISH
+
+
+def compact_task_message(task_text: str, observation: str, valid_actions: list[str]) -> str:
+    """Returns the compact first user message: the observation, the valid actions (one a line), then the task."""
+    return f"# Observation\n{observation}\n\n{VALID_HEADER}\n" + "\n".join(valid_actions) + f"\n\n# Task\n{task_text}"
+
+
+def compact_feedback(observation: str, valid_actions: list[str]) -> str:
+    """Returns the compact user message after a turn: that turn's observation and the valid actions now."""
+    return f"{observation}\n\n{VALID_HEADER}\n" + "\n".join(valid_actions)

@@ -7,6 +7,8 @@ from typing import Any
 
 from sera_jax.config import ConfigError, RunConfig
 
+JUDGE_PROMPT_TOKENS = 10240  # recipes.md §1b: the judge's prompt budget
+
 
 def judge_settings(cfg: RunConfig) -> dict[str, Any]:
     """Returns ``make_judge``'s settings for ``cfg.judge``: an OpenAI-compatible endpoint (``judge.endpoint``, else
@@ -19,8 +21,12 @@ def judge_settings(cfg: RunConfig) -> dict[str, Any]:
         return {"kind": "chat", "base_url": endpoint, "model": j.model, "temperature": j.temperature,
                 "max_tokens": j.max_tokens, "max_attempts": j.retries + 1, "timeout_s": j.timeout_s,
                 "api_key": os.environ.get("SERA_JUDGE_API_KEY")}
+    # The frozen copy is served by an engine of the policy's context (rollout.context_tokens): the request's prompt
+    # is cut to what is left of it after the completion cap, never above the reference judge's 10,240-token budget
+    # (a 10,240-token prompt on the tiny default's small engine would make every label an error).
+    prompt = max(1, min(JUDGE_PROMPT_TOKENS, cfg.rollout.context_tokens - j.max_tokens))
     return {"kind": "policy_frozen", "temperature": j.temperature, "max_new_tokens": j.max_tokens,
-            "max_attempts": j.retries + 1}
+            "max_prompt_tokens": prompt, "max_attempts": j.retries + 1, "style": cfg.env.prompt_style}
 
 
 def judge_roles(cfg: RunConfig) -> tuple[bool, bool]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import envs_py.textcraft as textcraft_env
-import envs_py.textworld_sync as textworld_env
+from envs_py.textworld_sync.task_sets import load_task_set
 from sera_jax.config import RunConfig
 
 GENERATED_TRAIN_TASKS = 4000
@@ -22,13 +22,8 @@ def load_env_tasks(cfg: RunConfig) -> tuple[list[Any], list[str]]:
             tasks = textcraft_env.load_tasks(cfg.env.task_set)
             files = [cfg.env.task_set] if Path(cfg.env.task_set).is_file() else []
     else:
-        path = Path(cfg.env.task_set)
-        if path.is_file():
-            tasks, files = textworld_env.load_tasks(path), [str(path)]
-        elif cfg.env.task_set == "sample":
-            tasks, files = textworld_env.load_tasks("sample"), []
-        else:
-            tasks, files = textworld_env.generate_tasks(cfg.env.task_set), []
+        # A file, "sample", a fold, "<fold>@<base seed>?…" generated from another seed range, or a "+" union.
+        tasks, files = load_task_set(cfg.env.task_set)
     if cfg.env.difficulties:
         tasks = [t for t in tasks if t.difficulty in cfg.env.difficulties]
     if not tasks:

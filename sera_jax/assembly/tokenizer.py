@@ -10,7 +10,8 @@ from sera_jax.model.tokenizer import Tokenizer, load_tokenizer
 BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 SHIPPED = ASSETS / "textcraft_tiny.model"
-BUILTIN = {"textcraft": SHIPPED}
+BUILTIN = {"textcraft": SHIPPED, "textworld": ASSETS / "textworld_tiny.model"}
+REBUILD = {"textcraft": "sera_jax.warmstart.tokenizer", "textworld": "sera_jax.warmstart.textworld_tokenizer"}
 
 
 def resolve_tokenizer(spec: str | None, hf_dir: str | None) -> tuple[Tokenizer, str]:
@@ -29,6 +30,6 @@ def resolve_tokenizer(spec: str | None, hf_dir: str | None) -> tuple[Tokenizer, 
         path = BUILTIN[name]
         if not path.is_file():
             raise FileNotFoundError(f"model.tokenizer: {spec}'s file {path} is missing from the package; rebuild it "
-                                    f"with `python -m sera_jax.warmstart.tokenizer {path}`")
+                                    f"with `python -m {REBUILD[name]} {path}`")
         spec = str(path)
     return load_tokenizer(spec), spec

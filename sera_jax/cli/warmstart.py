@@ -1,4 +1,4 @@
-"""``sera-warmstart``: build the oracle warm start a config names (TextCraft)."""
+"""``sera-warmstart``: build the oracle warm start a config names (TextCraft or TextWorld-Sync)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sera_jax.warmstart.sft import ship, warm_start
 def main(argv: list[str] | None = None) -> int:
     """``sera-warmstart [CONFIG.yaml ...] [a.b=c ...] [--out DIR] [--ship]``; returns the exit status."""
     p = argparse.ArgumentParser(prog="sera-warmstart", description=(
-        "Supervised warm start on oracle demonstrations (TextCraft): the oracle plays the config's tasks through "
+        "Supervised warm start on oracle demonstrations (TextCraft or TextWorld-Sync): the oracle plays the config's tasks through "
         "the runtime (acting, delegating, writing rubrics, scoring children); the policy is fine-tuned on them for "
         "warmstart.steps updates and saved where model.init_from (default: warmstart.out_dir) reads it."))
     p.add_argument("args", nargs="*", help="config files and a.b=c overrides (default: the tiny CPU config)")
@@ -23,9 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_or_report(args.args)
     if cfg is None:
         return CONFIG_ERROR
-    if cfg.env.name != "textcraft":
-        print("sera-warmstart: the oracle warm start exists for TextCraft only", file=sys.stderr)
-        return 2
     out = warm_start(cfg, args.out or cfg.model.init_from or cfg.warmstart.out_dir, use_shipped=not args.ship)
     if args.ship:
         print(f"shipped warm start written to {ship(cfg, out)}")

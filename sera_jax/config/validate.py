@@ -10,6 +10,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
+from envs_py.textworld_sync.task_sets import task_set_error
 from sera_jax.agents.env_name import TEXTWORLD
 from sera_jax.config.schema import ConfigError, RunConfig
 from sera_jax.model import Qwen3Config, abstract_params, param_logical_axes
@@ -119,8 +120,12 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(b.advantage_clip is None or b.advantage_clip > 0, "batch.advantage_clip", "must be positive or null")
 
     tw = cfg.env.name == TEXTWORLD
-    sets = {"train", "test", "validation", "dev", "val", "valid", "sample"} if tw else {"train", "val", "generated"}
+    sets = {"train", "val", "generated"}
     for key, ts in (("env.task_set", cfg.env.task_set), ("eval.task_set", cfg.eval.task_set)):
+        if tw:  # files, "sample", folds, seeded generated sets and their unions (envs_py.textworld_sync.task_sets)
+            err = task_set_error(ts, check_paths)
+            need(err is None, key, str(err))
+            continue
         need(ts in sets or ts.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")), key,
              f"expected one of {sorted(sets)} or a .json/.jsonl path, got {ts!r}")
         if check_paths and ts not in sets:

@@ -54,7 +54,7 @@ from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling import Engine, EngineConfig
 from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
-from sera_jax.warmstart.sft import SHIPPED_DIR, shipped_matches
+from sera_jax.warmstart.sft import shipped_dir, shipped_matches
 
 __all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
            "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
@@ -105,7 +105,7 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
     if init_from is not None and (init_from / "checkpoints").is_dir():
         return load_policy(cfg, checkpoint=init_from)   # e.g. a built warm start
     if init_from is not None and shipped_matches(cfg):
-        return load_policy(cfg, hf_dir=SHIPPED_DIR)     # the shipped warm start of its recipe
+        return load_policy(cfg, hf_dir=shipped_dir(cfg))  # the shipped warm start of its recipe
     model_cfg = cfg.model_config()
     tok, tok_path = resolve_tokenizer(cfg.model.tokenizer, None)
     params = init_params(jax.random.fold_in(jax.random.key(cfg.train.seed), 0), model_cfg)

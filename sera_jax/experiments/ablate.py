@@ -16,8 +16,9 @@ The report (``report.md``, ``report.json``, ``comparison.png``), per method over
 after training (mean ± sample std) and its gain over before, delegation (training trees that delegate; delegations
 per evaluated tree), rubric quality at the first and last step that measured it (fork-group ranking accuracy and
 AUC at rubric-generation steps; scored sub-agents' ranking accuracy at execution steps), the rubric stage's loss
-and gradient norm, how many rubric steps had a gradient at all (a non-zero advantage), and wall time per step by
-stage, with each method's total against RAO's (the paper's SERA run cost 1.84× RAO's). With the rubric probe on
+and gradient norm, how many rubric steps had a gradient at all (a non-zero advantage), wall time per step by
+stage, with each method's total against RAO's (the paper's SERA run cost 1.84× RAO's), and the judge requests
+training sent (TextWorld's sub-agent and branch labels; the paper: RAO 147.80K, SERA 35.79K). With the rubric probe on
 (``eval.rubric_probe_groups``), one probe set (``<out>/rubric_probe_set.jsonl``, collected by the warm start) is
 shared by every run, and the report adds each method's probe ranking accuracy, AUC and valid-rubric share before →
 after training, with the change as the mean of per-seed differences.
@@ -49,6 +50,9 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # the wrong way (its advantages negated); the other stages as in SERA.
     "sera_wo_rt": ("SERA w/o RT (control)", (), "drop:rubric_generation"),
     "sera_rt_flipped": ("SERA, RT sign flipped (control)", ("method.rubric_advantage_sign=-1",), "keep"),
+    # The sign control of the whole method (as the TextCraft default's issue-#11 control): every stage's advantages
+    # negated, so a method that learns must get worse.
+    "sera_sign_flipped": ("SERA, advantage sign flipped (control)", ("step.advantage_sign=-1",), "keep"),
 }
 DEFAULT_METHODS = ("sera", "sera_wo_d", "sera_wo_d_rt", "rao")
 RECORD = "run_record.json"
@@ -106,6 +110,7 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
         if (run_dir / "eval_after" / "report.json").is_file() else {}
     tree_means = (after.get("tree_means") or [{}])[0]
     rec = {
+        "eval_tasks": after.get("num_tasks"),
         "success_before": summary.get("success_before"), "success_after": summary.get("success_after"),
         "attempts": len(rows),
         "skipped": sum(bool(r.get("skipped_step", r.get("skipped"))) for r in rows),
@@ -114,6 +119,12 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
         "step_s_by_stage": {k: float(np.mean(v)) for k, v in stages.items()},
         "steps_by_stage": {k: len(v) for k, v in stages.items()},
         "train_s": float(sum(sum(v) for v in stages.values())), "wall_s": float(wall_s),
+        # Supervision spent in training (every attempt, skipped ones included: the requests were sent): all judge
+        # requests (TextWorld: the RAO family's sub-agent labels and the rubric stage's branch labels) and those of
+        # the execution labels alone.
+        "judge_calls": float(sum(r.get("supervision/judge_calls", 0.0) for r in rows)),
+        "execution_judge_calls": float(sum(r.get("supervision/execution_judge_calls", 0.0) for r in rows)),
+        "judge_labels": float(sum(r.get("supervision/judge_labels", 0.0) for r in rows)),
         "rubric_loss": _mean(r.get("loss") for r in rubric_rows),
         "rubric_grad_norm": _mean(r.get("grad_norm") for r in rubric_rows),
         "ranking_accuracy_series": [r.get("rubric_ranking_accuracy") for r in rows
@@ -149,8 +160,9 @@ def aggregate(records: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[s
     for m, by_seed in records.items():
         recs = list(by_seed.values())
         row: dict[str, Any] = {"label": VARIANTS[m][0], "seeds": sorted(by_seed)}
-        for key in ("success_before", "success_after", "delegation_rate", "eval_delegations_per_tree", "train_s",
-                    "wall_s", "rubric_loss", "rubric_grad_norm", "rubric_ranking_accuracy_first",
+        for key in ("eval_tasks", "success_before", "success_after", "delegation_rate", "eval_delegations_per_tree",
+                    "train_s", "wall_s", "judge_calls", "execution_judge_calls", "judge_labels", "rubric_loss",
+                    "rubric_grad_norm", "rubric_ranking_accuracy_first",
                     "rubric_ranking_accuracy_last", "rubric_ranking_auc_first", "rubric_ranking_auc_last",
                     "subagent_score_accuracy_first", "subagent_score_accuracy_last", "rubric_steps_trained",
                     "rubric_steps_with_gradient", "ranked_groups_per_rubric_step",
@@ -180,7 +192,13 @@ def _fmt(ms: tuple[float | None, float | None], digits: int = 1, scale: float = 
 
 def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
     """Returns the report as Markdown: the Table-1-style comparison, rubric quality, and cost."""
-    lines = [f"# {title}", "", "Held-out success (%), mean ± sample std over seeds:", "",
+    sizes = {int(r["eval_tasks"][0]) for r in agg.values() if r.get("eval_tasks", (None,))[0]}
+    noise = ""
+    if len(sizes) == 1:  # one evaluation's binomial noise at the methods' mean rate before training
+        n, p = sizes.pop(), _mean(r["success_before"][0] for r in agg.values()) or 0.0
+        noise = (f" One evaluation of {n} tasks has a binomial sd of ±{100 * np.sqrt(p / 100 * (1 - p / 100) / n):.1f}"
+                 f" points at the {p:.1f}% before training.")
+    lines = [f"# {title}", "", f"Held-out success (%), mean ± sample std over seeds.{noise}", "",
              "| method | seeds | before | after | gain | delegating trees (train) | delegations / eval tree |",
              "|---|---|---|---|---|---|---|"]
     for m, r in agg.items():
@@ -220,15 +238,18 @@ def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
         lines.append(f"| {r['label']} | {_fmt(r['rubric_steps_trained'], 1)} | "
                      f"{_fmt(r['rubric_steps_with_gradient'], 1)} | {_fmt(r['ranked_groups_per_rubric_step'], 2)} |")
     lines += ["", "Cost: seconds per training step by stage (rollouts + update), training total, and the whole "
-              "run (both evaluations included):", "",
-              "| method | execution | delegation | rubric generation | training total | vs RAO | whole run |",
-              "|---|---|---|---|---|---|---|"]
+              "run (both evaluations included); supervision: judge requests sent in training (all; of which the "
+              "sub-agent execution labels) and the labels they gave:", "",
+              "| method | execution | delegation | rubric generation | training total | vs RAO | whole run | "
+              "judge calls | of which execution | judge labels |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for m, r in agg.items():
         st = r["step_s_by_stage"]
         cells = [_fmt(st[s], 1) if s in st else "—" for s in ("execution", "delegation", "rubric_generation")]
         vs = f"{r['train_s_vs_rao']:.2f}×" if "train_s_vs_rao" in r else "—"
         lines.append(f"| {r['label']} | {' | '.join(cells)} | {_fmt(r['train_s'], 0)} s | {vs} | "
-                     f"{_fmt(r['wall_s'], 0)} s |")
+                     f"{_fmt(r['wall_s'], 0)} s | {_fmt(r['judge_calls'], 0)} | "
+                     f"{_fmt(r['execution_judge_calls'], 0)} | {_fmt(r['judge_labels'], 0)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,10 +17,13 @@ A rerun resumes: finished evaluations are read back from their reports, training
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any, Callable
 
 from sera_jax.evaluation.protocol import evaluate
+from sera_jax.evaluation.report import DIFFICULTY_ORDER
 from sera_jax.training.build import build_loop
 from sera_jax.training.metrics import read_metrics
 from sera_jax.warmstart.sft import warm_start
@@ -136,6 +139,45 @@ def success_rate(rep: dict[str, Any]) -> float:
     return float(rep["overall_rate_mean"])
 
 
+# Task ids of sets generated from a seed range of our own carry the base seed ("…_test900000_…",
+# envs_py.textworld_sync.task_sets); the official records' ids do not.
+_SEEDED_ID = re.compile(r"_(?:test|dev|train)\d+_")
+
+
+def success_table(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Returns one evaluation's (first run's) success per tier, overall and — when the set mixes them — over the
+    official records and the generated held-out tasks: rows {group, n, successful, rate (%), binomial_sd (points:
+    the sd of one evaluation's rate, sqrt(p(1 - p) / n))}."""
+    recs = (rep.get("tasks") or [[]])[0]
+    groups: dict[str, list[bool]] = {}
+    for r in recs:
+        groups.setdefault(str(r.get("difficulty", "")), []).append(bool(r.get("success")))
+    order = [d for d in DIFFICULTY_ORDER if d in groups] + sorted(set(groups) - set(DIFFICULTY_ORDER))
+    rows = [(d, groups[d]) for d in order] + [("overall", [bool(r.get("success")) for r in recs])]
+    official = [bool(r.get("success")) for r in recs if not _SEEDED_ID.search(str(r.get("task_id", "")))]
+    if 0 < len(official) < len(recs):
+        rows += [("official records", official),
+                 ("generated held-out", [bool(r.get("success")) for r in recs
+                                         if _SEEDED_ID.search(str(r.get("task_id", "")))])]
+    out = []
+    for name, ok in rows:
+        n, k = len(ok), sum(ok)
+        p = k / n if n else 0.0
+        out.append({"group": name, "n": n, "successful": k, "rate": 100.0 * p,
+                    "binomial_sd": 100.0 * math.sqrt(p * (1 - p) / n) if n else 0.0})
+    return out
+
+
+def _table_md(before: list[dict] | None, after: list[dict]) -> str:
+    b = {r["group"]: r for r in before or []}
+    lines = ["| tasks | n | before | after |", "|---|---|---|---|"]
+    for r in after:
+        x = b.get(r["group"])
+        cell = f"{x['rate']:.1f}% ± {x['binomial_sd']:.1f}" if x else "n/a"
+        lines.append(f"| {r['group']} | {r['n']} | {cell} | {r['rate']:.1f}% ± {r['binomial_sd']:.1f} |")
+    return "\n".join(lines)
+
+
 async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: Callable | None = None,
                       log: Callable[[str], None] = print) -> dict[str, Any]:
     """Runs the four phases of the module docstring; returns the summary (also written to ``summary.json``)."""
@@ -161,6 +203,7 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         "success_before": success_rate(before) if before else None, "success_after": success_rate(after),
         "eval_tasks": after.get("num_tasks"), "versions": loop.version, "attempts_this_run": len(outcomes),
         "skipped_this_run": sum(o.skipped for o in outcomes), "learning_curve": str(curve),
+        "table_before": success_table(before) if before else None, "table_after": success_table(after),
         "advantage_sign": cfg.step.advantage_sign, "seed": cfg.train.seed,
         "eval_temperature": cfg.eval.temperature, "rubric_probe_before": probe_before,
         "rubric_probe_after": probe_after,
@@ -171,6 +214,8 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         f"# {cfg.name}\n\nHeld-out success ({cfg.eval.task_set}, {', '.join(cfg.eval.difficulties) or 'all'}; "
         f"{summary['eval_tasks']} tasks, {_decoding(cfg.eval.temperature)}): before {before_txt} → "
         f"after {summary['success_after']:.1f}% after {summary['versions']} policy versions.\n\n"
+        "Per tier (± the binomial sd of one evaluation, sqrt(p(1 − p)/n), in points):\n\n"
+        f"{_table_md(summary['table_before'], summary['table_after'])}\n\n"
         "![learning curve](learning_curve.png)\n")
     log(f"held-out success: before {before_txt} -> after {summary['success_after']:.1f}%  ({out / 'summary.md'})")
     return summary

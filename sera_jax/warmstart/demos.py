@@ -28,7 +28,7 @@ from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
 from sera_jax.warmstart.oracle import TextCraftOracle
 
-CALL_PREFIXES = ("rubric:", "score:")
+CALL_PREFIXES = ("rubric:", "score:", "judge:")  # side calls (the judge's: TextWorld's policy_frozen requests)
 # Bumped whenever the oracle or the choice of demonstrations changes what a recipe builds (2: agents failed only by a
 # sabotaged descendant are demos too; 3: the choice to delegate depends on the depth only through the launch context
 # a parent gives children at the depth limit; 4: the first cell prints the craftable ingredients the choice rests on).
@@ -54,11 +54,13 @@ def _turn(index: int, prompt: list[int], completion: list[int]) -> Turn:
 
 
 def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequence[Any],
-                sabotaged: set[tuple[str, str]]) -> tuple[list[Datum], dict[str, int]]:
+                sabotaged: set[tuple[str, str]], *, shared_world: bool = False) -> tuple[list[Datum], dict[str, int]]:
     """Returns (SFT datums, counts): prefix-merged turns of every agent that played the gold plan — it succeeded, or
     it failed only because a sabotaged descendant did (its own replies are the same either way; dropping them would
-    teach that delegating is rare) — and was not sabotaged itself, plus every rubric and score call; each datum
-    trains its completion tokens with scalar 1."""
+    teach that delegating is rare) — and was not sabotaged itself, plus every rubric, score and judge call; each
+    datum trains its completion tokens with scalar 1. ``shared_world`` (TextWorld): an agent's own label is the
+    whole world's state when it ended (a sub-agent that ate its dish ends before the world is solved), so an agent
+    counts as succeeding when its tree's root did."""
 
     gold = {}
     for t in trees:
@@ -69,7 +71,8 @@ def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequ
                 failed_by_sabotage.add(cur)
                 cur = parent[cur]
         for n in t.nodes.values():
-            ok = n.env_labels.get("success", 0.0) == 1.0 or n.id in failed_by_sabotage
+            label = t.nodes[t.root_id] if shared_world else n
+            ok = label.env_labels.get("success", 0.0) == 1.0 or n.id in failed_by_sabotage
             gold[(t.id, n.id)] = ok and not n.rollout_error_zero_reward
     by_agent: dict[tuple[str, str], list[Turn]] = {}
     calls: list[tuple[str, Turn]] = []
@@ -82,7 +85,7 @@ def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequ
             turns = by_agent.setdefault((info.tree_id, info.node_id), [])
             turns.append(_turn(len(turns), prompt, completion))
     datums: list[Datum] = []
-    counts = {"agents": len(by_agent), "agents_kept": 0, "rubric_calls": 0, "score_calls": 0}
+    counts = {"agents": len(by_agent), "agents_kept": 0, "rubric_calls": 0, "score_calls": 0, "judge_calls": 0}
 
     def add(seqs, objective: str, tree_id: str, node_id: str) -> None:
         for tokens, mask, logprobs, versions in seqs:

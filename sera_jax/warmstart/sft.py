@@ -11,9 +11,14 @@ included). They are trained with the run's own ``train_step`` — the ``pg`` los
 negative log-likelihood — for a fixed budget of updates (``warmstart.steps``), and saved as an orbax checkpoint that
 ``model.init_from`` loads.
 
-The package ships the tiny default's warm start (``assets/tiny_warmstart``: HF-format weights, 3.7 MB, and
-``warmstart.json`` recording the recipe it was built from and its numbers), because building it takes longer than
-the 15-minute budget of the default run on 2 cores. ``warm_start`` uses it only when the recipe — model,
+TextWorld-Sync has its own oracle and demonstrations (``textworld_oracle.py``, ``textworld_demos.py``: the same
+runtime, the shared world, rubrics, scores, counterfactual branches and the ``policy_frozen`` judge's requests);
+``warm_start`` picks them by ``env.name``.
+
+The package ships the tiny defaults' warm starts (``assets/tiny_warmstart`` for TextCraft, 3.7 MB, and
+``assets/tiny_textworld_warmstart`` for TextWorld: HF-format weights and ``warmstart.json`` recording the recipe it
+was built from and its numbers), because building one takes longer than the 15-minute budget of a default run on 2
+cores. ``warm_start`` uses it only when the recipe — model,
 tokenizer, prompts, env caps and every ``warmstart`` field — equals the config's; otherwise it builds.
 ``sera-warmstart --ship`` rebuilds it from scratch and rewrites the asset.
 """
@@ -31,7 +36,7 @@ from typing import Any, Sequence
 import jax
 
 from sera_jax.assembly.tasks import load_env_tasks
-from sera_jax.assembly.tokenizer import SHIPPED, resolve_tokenizer
+from sera_jax.assembly.tokenizer import ASSETS, BUILTIN, BUILTIN_PREFIX, resolve_tokenizer
 from sera_jax.config import check_mesh
 from sera_jax.model import init_params, load_pretrained, save_pretrained
 from sera_jax.parallel.mesh import make_mesh
@@ -48,8 +53,15 @@ from sera_jax.training.step import (
     stack_micro_batches,
 )
 from sera_jax.warmstart.demos import DEMO_VERSION, collect_demos
+from sera_jax.warmstart.textworld_demos import TEXTWORLD_DEMO_VERSION, collect_textworld_demos
 
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny_warmstart"
+SHIPPED_DIR = ASSETS / "tiny_warmstart"  # TextCraft's
+SHIPPED_DIRS = {"textcraft": SHIPPED_DIR, "textworld_sync": ASSETS / "tiny_textworld_warmstart"}
+
+
+def shipped_dir(cfg: Any) -> Path:
+    """Returns the shipped warm-start directory of ``cfg``'s environment."""
+    return SHIPPED_DIRS[cfg.env.name]
 
 
 def recipe(cfg: Any) -> dict[str, Any]:
@@ -58,13 +70,21 @@ def recipe(cfg: Any) -> dict[str, Any]:
     of the oracle's demonstrations."""
 
     tok = cfg.model.tokenizer
-    tok_sha = sha256_file(str(SHIPPED)) if tok == "builtin:textcraft" else tok
+    name = tok[len(BUILTIN_PREFIX):] if tok and tok.startswith(BUILTIN_PREFIX) else None
+    tok_sha = sha256_file(str(BUILTIN[name])) if name in BUILTIN else tok
     ws = {k: v for k, v in dataclasses.asdict(cfg.warmstart).items() if k not in ("enabled", "out_dir")}
     if not ws["exhaust_share"]:  # named only when on, so recipes from before the setting stay valid
         del ws["exhaust_share"]
     if ws["rubric_target_prob"] == 1.0:  # likewise
         del ws["rubric_target_prob"], ws["rubric_miss"]
     e, r = cfg.env, cfg.rollout
+    if e.name != "textcraft":  # what else shapes TextWorld's demos: world rules, fork groups, side-call caps
+        m, j = cfg.method_config(), cfg.judge
+        ws["play"] = {"rules": e.rules, "branching_factor": m.branching_factor,
+                      "max_counterfactual_envs_per_rollout": m.max_counterfactual_envs_per_rollout,
+                      "max_rubric_tokens": m.max_rubric_tokens, "max_scoring_tokens": m.max_scoring_tokens,
+                      "rubric_stage_max_scoring_tokens": m.rubric_stage_max_scoring_tokens,
+                      "judge_max_tokens": j.max_tokens}
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
         "env": {"name": e.name, "task_set": e.task_set, "difficulties": list(e.difficulties), "max_steps": e.max_steps,
@@ -74,20 +94,23 @@ def recipe(cfg: Any) -> dict[str, Any]:
         "rollout": {"max_completion_tokens": r.max_completion_tokens, "max_prompt_tokens": r.max_prompt_tokens,
                     "context_tokens": r.context_tokens},
         "method": cfg.method.name, "buckets": list(cfg.batch.buckets), "warmstart": ws,
-        "demo_version": DEMO_VERSION}))
+        "demo_version": DEMO_VERSION if e.name == "textcraft" else TEXTWORLD_DEMO_VERSION}))
 
 
 RECORD_NAME = "warmstart_recipe.json"  # in a warm-start run directory: the recipe it holds and its origin
 
 
-def shipped_matches(cfg: Any, directory: Path = SHIPPED_DIR) -> bool:
-    """Returns whether the shipped warm start was built from ``cfg``'s recipe."""
-    record = directory / "warmstart.json"
+def shipped_matches(cfg: Any, directory: Path | None = None) -> bool:
+    """Returns whether the shipped warm start (``directory``, default ``shipped_dir(cfg)``) was built from ``cfg``'s
+    recipe."""
+    record = (directory or shipped_dir(cfg)) / "warmstart.json"
     return record.is_file() and json.loads(record.read_text()).get("recipe") == recipe(cfg)
 
 
-def ship(cfg: Any, run_dir: str | Path, directory: Path = SHIPPED_DIR) -> Path:
-    """Writes the warm start in ``run_dir`` as the shipped asset (HF-format weights + ``warmstart.json``)."""
+def ship(cfg: Any, run_dir: str | Path, directory: Path | None = None) -> Path:
+    """Writes the warm start in ``run_dir`` as the shipped asset (HF-format weights + ``warmstart.json``) in
+    ``directory`` (default ``shipped_dir(cfg)``); returns the directory."""
+    directory = directory or shipped_dir(cfg)
     ck = Checkpointer(Path(run_dir) / "checkpoints")
     try:
         model_cfg, params, meta = ck.restore_model()
@@ -101,7 +124,7 @@ def ship(cfg: Any, run_dir: str | Path, directory: Path = SHIPPED_DIR) -> Path:
     return directory
 
 
-def _import_shipped(cfg: Any, ck: Any, tok_path: str, directory: Path = SHIPPED_DIR) -> None:
+def _import_shipped(cfg: Any, ck: Any, tok_path: str, directory: Path) -> None:
     model_cfg, params = load_pretrained(directory)
     record = json.loads((directory / "warmstart.json").read_text())
     meta = make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path)
@@ -139,8 +162,6 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
     parameters every that many updates under ``snapshots/step_N`` (to choose a budget)."""
 
     ws = cfg.warmstart
-    if cfg.env.name != "textcraft":
-        raise ValueError(f"warmstart: the oracle warm start exists for TextCraft only (env.name is {cfg.env.name!r})")
     out = Path(out_dir or ws.out_dir)
     record = out / RECORD_NAME
     if (out / "checkpoints").is_dir():
@@ -159,14 +180,15 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         t0 = time.monotonic()
         tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)
         if use_shipped and shipped_matches(cfg):
-            _import_shipped(cfg, ck, tok_path)
+            _import_shipped(cfg, ck, tok_path, shipped_dir(cfg))
             record.write_text(json.dumps({"recipe": recipe(cfg), "origin": "shipped"}) + "\n")
-            log(f"warm start: the shipped one ({SHIPPED_DIR.name}, built by `sera-warmstart --ship` from this "
+            log(f"warm start: the shipped one ({shipped_dir(cfg).name}, built by `sera-warmstart --ship` from this "
                 f"config's recipe) copied to {out}")
             return out
         tasks, files = load_env_tasks(cfg)
         tasks = random.Random(ws.seed).sample(list(tasks), min(ws.demo_tasks, len(tasks)))
-        datums, stats = asyncio.run(collect_demos(cfg, tokenizer, tasks))
+        collect = collect_demos if cfg.env.name == "textcraft" else collect_textworld_demos
+        datums, stats = asyncio.run(collect(cfg, tokenizer, tasks))
         if not datums:
             raise RuntimeError("warm start: the oracle produced no demonstration (check env.task_set)")
         longest = max(len(d.tokens) for d in datums)

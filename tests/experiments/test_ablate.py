@@ -27,13 +27,15 @@ def test_run_overrides_make_a_loadable_config_per_method(tmp_path):
     for method, name, schedule, sign in (("sera", "sera", "execution:6,delegation:1,rubric_generation:1", 1.0),
                                          ("rao", "rao", "execution:1", 1.0),
                                          ("sera_wo_d", "sera_wo_d", "execution:7,rubric_generation:1", 1.0),
-                                         ("sera_rt_flipped", "sera", base.method_config().stage_schedule, -1.0)):
+                                         ("sera_rt_flipped", "sera", base.method_config().stage_schedule, -1.0),
+                                         ("sera_sign_flipped", "sera", base.method_config().stage_schedule, 1.0)):
         over = run_overrides(base, method, 354, tmp_path / method, tmp_path / "warm")
         cfg = load_config(["configs/tiny_cpu.yaml"], over)
         mc = cfg.method_config()
         assert cfg.method.name == name and mc.stage_schedule == schedule and mc.rubric_advantage_sign == sign
         assert cfg.train.seed == 354 and cfg.model.init_from == str(tmp_path / "warm")
         assert not cfg.warmstart.enabled and cfg.train.total_steps == base.train.total_steps
+        assert cfg.step.advantage_sign == (-1.0 if method == "sera_sign_flipped" else 1.0)
     assert load_config(["configs/tiny_cpu.yaml"], run_overrides(base, "rao", 1, tmp_path, tmp_path)) \
         .method_config().execution_reward == "rao"
     with pytest.raises(ValueError, match="unknown method"):
@@ -53,12 +55,15 @@ def _fake_run(tmp_path, name, before, after, acc, step_s, probe=None):
     for when, value in zip(("before", "after"), probe or ()):
         (d / f"eval_{when}" / "rubric_probe.json").write_text(json.dumps(
             {"ranking_accuracy": value, "ranking_auc": value, "rubric_valid": 0.5, "ranked": 0.25}))
-    (d / "eval_after" / "report.json").write_text(json.dumps({"tree_means": [{"delegations": 0.5}]}))
+    (d / "eval_after" / "report.json").write_text(json.dumps({"tree_means": [{"delegations": 0.5}],
+                                                               "num_tasks": 150}))
     rows = [{"kind": "step", "stage": "execution", "time/step_s": step_s, "delegation_rate": 0.5,
-             "subagent_score_accuracy": 0.5},
+             "subagent_score_accuracy": 0.5, "supervision/judge_calls": 12.0,
+             "supervision/execution_judge_calls": 12.0, "supervision/judge_labels": 11.0},
             {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
              "rubric_ranking_accuracy": acc[0], "rubric_ranking_auc": acc[0], "loss": 0.1, "grad_norm": 1.0,
-             "ranked_groups": 1.0, "advantage_abs_max": 0.0},
+             "ranked_groups": 1.0, "advantage_abs_max": 0.0, "supervision/judge_calls": 8.0,
+             "supervision/judge_labels": 8.0},
             {"kind": "step", "stage": "rubric_generation", "time/step_s": 2 * step_s, "delegation_rate": 1.0,
              "rubric_ranking_accuracy": acc[1], "rubric_ranking_auc": acc[1], "loss": 0.3, "grad_norm": 3.0,
              "ranked_groups": 3.0, "advantage_abs_max": 0.05},
@@ -80,6 +85,8 @@ def test_report_aggregates_seeds_and_costs(tmp_path):
     assert r["rubric_steps_trained"] == 2 and r["rubric_steps_with_gradient"] == 1
     assert r["ranked_groups_per_rubric_step"] == 2.0
     assert r["probe_ranking_accuracy_before"] == 0.4 and r["probe_ranking_accuracy_after"] == 0.8
+    # judge requests spent in training: all of them, and the sub-agent execution labels' share
+    assert (r["judge_calls"], r["execution_judge_calls"], r["judge_labels"]) == (20.0, 12.0, 19.0)
     agg = aggregate(recs)
     mean, std = agg["sera"]["success_after"]
     assert mean == 35.0 and std == pytest.approx(np.std([40.0, 30.0], ddof=1))
@@ -93,6 +100,8 @@ def test_report_aggregates_seeds_and_costs(tmp_path):
     md = markdown(agg, "t")
     assert "| SERA | 2 |" in md and "**35.0 ± 7.1**" in md and "2.00×" in md
     assert "| SERA | 0.45 ± 0.07 → 0.70 ± 0.14 | 0.25 ± 0.21 |" in md
+    assert "| 20 ± 0 | 12 ± 0 | 19 ± 0 |" in md  # judge calls, of which execution, labels
+    assert "One evaluation of 150 tasks has a binomial sd of ±3.3 points at the 20.5% before training." in md
     plot(agg, recs, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 0
 

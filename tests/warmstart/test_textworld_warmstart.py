@@ -1,0 +1,185 @@
+"""The TextWorld warm start: the oracle plays the compact prompts through the real runtime (shared world, concurrent
+sub-agents, rubric coordinator, counterfactual branches, the policy_frozen judge's requests), sabotaged sub-agents
+are scored and judged 0 while the root finishes their dish, demo datums train exactly the kept completions, the
+first-turn datums are the prompts the runtime sends, and the shipped tokenizer and warm start are the config's."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+from envs_py.textworld_sync import load_tasks
+from sera_jax.agents.judge import parse_judge_reply
+from sera_jax.agents.launchers.factory import make_launcher_factory
+from sera_jax.agents.rubric import parse_rubric, parse_score
+from sera_jax.agents.runtime import run_trees
+from sera_jax.agents.subagent_judge import DeferredJudge
+from sera_jax.assembly.settings import runtime_settings
+from sera_jax.assembly.tasks import load_env_tasks
+from sera_jax.assembly.tokenizer import BUILTIN, resolve_tokenizer
+from sera_jax.config import load_config
+from sera_jax.warmstart.demos import RecordingGenerator
+from sera_jax.warmstart.textworld_demos import ENV, _judge, collect_textworld_demos, first_turn_datums
+from sera_jax.warmstart.textworld_oracle import (
+    TextWorldOracle,
+    dish_specs,
+    goal_text,
+    ingredient_names,
+    judge_text,
+    plan,
+    plan_reply,
+    prep_object,
+    rubric_text,
+    score_text,
+)
+
+CONFIG = "configs/tiny_textworld.yaml"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config([CONFIG])
+
+
+@pytest.fixture(scope="module")
+def tok(cfg):
+    return resolve_tokenizer(cfg.model.tokenizer, None)[0]
+
+
+@pytest.fixture(scope="module")
+def tasks(cfg):
+    return load_env_tasks(cfg)[0][:: 50]  # one Easy task of every family
+
+
+def _play(cfg, tok, tasks, stage="execution", **kw):
+    oracle = TextWorldOracle(tok, **kw)
+    gen = RecordingGenerator(tok, oracle)
+    settings = runtime_settings(cfg)
+
+    async def main():
+        factory = make_launcher_factory(stage, cfg.method_config(), ENV, settings=settings,
+                                        judge=DeferredJudge() if stage == "rubric_generation" else None)
+        trees = await factory.finalize(await run_trees(tasks, ENV, gen, tok, settings, max_concurrent=8,
+                                                       launcher_factory=factory))
+        judge = _judge(cfg, gen, tok)
+        await (judge.label_fork_groups(trees) if stage == "rubric_generation" else judge.label_subagents(trees))
+        return trees
+
+    return oracle, gen, asyncio.run(main())
+
+
+def test_texts_parse():
+    task = load_tasks("sample")[0]
+    specs = dish_specs(task.goal)
+    assert [d for d, _ in specs] == ["dish_1", "dish_2"]
+    goal = goal_text(*specs[0])
+    assert dish_specs(goal) == [specs[0]] and goal.startswith("Prepare and eat dish_1: ")
+    assert ingredient_names("white onion (diced, grilled), salt (raw, uncut), flour") == \
+        ["white onion", "salt", "flour"]
+    assert dish_specs("Dish dish_2 uses: salt, water.") == [("dish_2", "salt, water")]
+    assert prep_object("cook block of cheese in stove") == "block of cheese" and prep_object("take salt") is None
+    assert parse_rubric(rubric_text(goal))[0]["success_gate"] == "dish_1 eaten"
+    assert parse_score(score_text(True))[0].value == 1.0 and not parse_score(score_text(False))[0].success
+    assert parse_judge_reply(judge_text(False, ["dish_1"]))[:2] == (False, "dish_1 not eaten")
+
+
+def test_a_plan_walks_takes_prepares_and_skips_what_is_done():
+    specs = [("dish_1", "salt (raw, uncut), white onion (grilled, diced)"), ("dish_2", "water (raw, uncut)")]
+    fresh = "You are in the kitchen.\nShared prepared counter: (empty)\n" \
+        "- dish_1: 0/2 ingredients prepared, meal_prepared=False, meal_eaten=False\n" \
+        "- dish_2: 0/1 ingredients prepared, meal_prepared=False, meal_eaten=False"
+    assert plan(specs, [], fresh) == ["go to pantry", "take salt", "go to kitchen", "take white onion",
+                                      "cook white onion on grill", "dice white onion", "prepare dish_1", "eat dish_1",
+                                      "take water", "prepare dish_2", "eat dish_2"]
+    # Later (a sub-agent came back): salt is ready, the onion is held and only its cut is still offered, dish_2 eaten.
+    later = fresh.replace("(empty)", "salt").replace("0/1 ingredients prepared, meal_prepared=False, meal_eaten=False",
+                                                     "1/1 ingredients prepared, meal_prepared=True, meal_eaten=True")
+    assert plan(specs, ["look around", "dice white onion"], later) == ["dice white onion", "prepare dish_1",
+                                                                        "eat dish_1"]
+    reply = plan_reply(["take salt", "eat dish_1"])
+    assert reply == "Plan:\ntake salt\neat dish_1\n<action>take salt</action>"
+
+
+def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok, tasks):
+    for prob, children in ((1.0, 2), (0.0, 0)):
+        _, gen, trees = _play(cfg, tok, tasks, delegate_prob=prob, fail_prob=0.0)
+        assert all(t.root.reward == 1.0 for t in trees), [t.task_id for t in trees if t.root.reward != 1.0]
+        assert {len(t.nodes) - 1 for t in trees} == {children}
+        for t in trees:  # every sub-agent ate its own dish and said so; the world's steps are within budget
+            for n in t.nodes.values():
+                if n.depth:
+                    assert n.rubric_score.score == 1.0 and n.env_labels["judge_success"] == 1.0
+        root_prompt = tok.decode(gen.records[0][1])
+        assert "# Valid Actions\n" in root_prompt and root_prompt.rstrip().endswith("<|im_start|>assistant")
+
+
+def test_sabotaged_children_are_scored_and_judged_zero_and_the_root_finishes_their_dish(cfg, tok, tasks):
+    oracle, _, trees = _play(cfg, tok, tasks, delegate_prob=1.0, fail_prob=1.0)
+    children = [n for t in trees for n in t.nodes.values() if n.depth]
+    assert len(oracle.sabotaged) == len(children) == 2 * len(trees)
+    for n in children:  # each claims its dish and did not eat it
+        assert n.finish_message.startswith("Prepared and ate dish_")
+        assert n.rubric_score.score == 0.0 and n.env_labels["judge_success"] == 0.0
+    # The root then cooks what is left itself (its budget allows it on most Easy tasks).
+    assert sum(t.root.reward for t in trees) >= len(trees) - 2
+    assert all(len(t.root.turns) > 1 for t in trees)
+
+
+def test_fork_demos_rank_branches_with_the_judges_labels(cfg, tok, tasks):
+    _, gen, trees = _play(cfg, tok, tasks, "rubric_generation", delegate_prob=1.0, fail_prob=0.5)
+    groups = [g for t in trees for g in t.fork_groups]
+    assert groups and all(len(g.branches) == cfg.method_config().branching_factor for g in groups)
+    for g in groups:
+        assert g.rubric is not None and all(b.score is not None for b in g.branches)
+        # The judge's label and the branch score agree: both read the branch's final dish progress.
+        assert all(b.success == (b.score == 1.0) for b in g.branches)
+    assert any(len({b.success for b in g.branches}) == 2 for g in groups)  # some group is ranked
+    kinds = {info.node_id.split(":", 1)[0] for info, _, _ in gen.records if info and ":" in info.node_id}
+    assert kinds == {"rubric", "score", "judge"}
+
+
+def test_demos_and_first_turns_are_what_the_runtime_sends(cfg, tok, tasks):
+    small = dataclasses.replace(cfg, warmstart=dataclasses.replace(cfg.warmstart, copy_demos=6, fork_demo_tasks=2))
+    datums, stats = asyncio.run(collect_textworld_demos(small, tok, tasks))
+    assert stats["oracle_root_success"] == 1.0 and stats["judge_calls"] > 0 and stats["score_calls"] > 0
+    for d in datums:  # only completions are trained, each ending its reply
+        trained = tok.decode([t for t, m in zip(d.tokens, d.mask) if m])
+        assert trained and trained.endswith("<|im_end|>")
+    # A first-turn datum's prompt is the runtime's first prompt of that agent, token for token.
+    oracle = TextWorldOracle(tok, delegate_prob=1.0, fail_prob=0.0)
+    first = first_turn_datums(cfg, tok, tasks[:1], oracle, 8, seed=1)
+    _, gen, _ = _play(cfg, tok, tasks[:1], delegate_prob=1.0, fail_prob=0.0)
+    sent = {tuple(p) for info, p, _ in gen.records if info and info.turn == 0 and ":" not in info.node_id}
+    roots = [d for d in first if d.traj_depth == 0]
+    assert roots and all(tuple(d.tokens[:d.mask.index(1)]) in sent for d in roots)
+    assert any('"delegations"' in tok.decode(list(d.tokens)) for d in roots)
+
+
+def test_the_tokenizer_rebuilds_to_the_shipped_pieces(tmp_path):
+    import sentencepiece as spm
+
+    from sera_jax.warmstart.textworld_tokenizer import build_textworld_tokenizer
+
+    built = build_textworld_tokenizer(tmp_path / "tw.model")
+    pieces = [spm.SentencePieceProcessor(model_file=str(p)) for p in (built, BUILTIN["textworld"])]
+    assert [pieces[0].id_to_piece(i) for i in range(1024)] == [pieces[1].id_to_piece(i) for i in range(1024)]
+    tok = resolve_tokenizer("builtin:textworld", None)[0]
+    ids = tok.encode('{"goal": "Prepare and eat dish_1: block of cheese (fried, sliced)."}')
+    assert " block of cheese" in [tok.decode([i]) for i in ids]  # a name is one piece, as in the task text
+
+
+
+def test_shipped_warm_start_is_the_configs():
+    """The package's TextWorld warm start was built from exactly the config's recipe (else it would not be used)."""
+    from sera_jax.warmstart.sft import recipe, shipped_dir, shipped_matches
+
+    cfg = load_config([CONFIG])
+    assert shipped_dir(cfg).name == "tiny_textworld_warmstart"
+    assert shipped_matches(cfg), "rebuild it: sera-warmstart configs/tiny_textworld.yaml --ship"
+    stats = json.loads((shipped_dir(cfg) / "warmstart.json").read_text())["stats"]
+    assert stats["oracle_root_success"] == 1.0 and stats["judge_calls"] > 0
+    changed = load_config([CONFIG], ["warmstart.fail_prob=0.5"])
+    assert recipe(changed) != recipe(cfg) and not shipped_matches(changed)
