@@ -51,7 +51,10 @@ class RunWatch:
             stats1 = [e.stats() for e in self.engines]
             gen = sum(a["generated_tokens"] - b["generated_tokens"] for a, b in zip(stats1, self.stats0))
             out.update(completion_tokens=float(gen), completion_tokens_per_s=gen / seconds if seconds > 0 else 0.0,
-                       engine_busy_fraction=sum(busy) / (len(busy) * seconds) if seconds > 0 else 0.0,
+                       # A round that began before the window is counted whole when it completes in it: each
+                       # engine's fraction is capped at 1.
+                       engine_busy_fraction=(sum(min(1.0, b / seconds) for b in busy) / len(busy)
+                                             if seconds > 0 else 0.0),
                        engine_compiles=float(sum(a["compiles"] - b["compiles"]
                                                  for a, b in zip(stats1, self.stats0))))
         c = compile_watch.since(self.compiles0)

@@ -22,6 +22,7 @@ _lock = threading.Lock()
 _counts: collections.Counter = collections.Counter()
 _functions: collections.Counter = collections.Counter()
 _thread_s: collections.Counter = collections.Counter()  # trace + lower + compile seconds by thread id
+_local = threading.local()   # .ahead: this thread compiles ahead of time (a warm-up), counted apart
 _installed = False
 
 
@@ -29,11 +30,13 @@ def _on_duration(event: str, duration: float, **kwargs) -> None:
     name = _NAMES.get(event)
     if name is None:
         return
+    if getattr(_local, "ahead", False):
+        name = "ahead_" + name
     with _lock:
         _counts[name] += 1
         _counts[name + "_s"] += duration
         _thread_s[threading.get_ident()] += duration
-        if name == "traces":
+        if name.endswith("traces") and not name.startswith("ahead_"):
             _functions[str(kwargs.get("fun_name", "?"))] += 1
 
 
@@ -47,11 +50,27 @@ def install() -> None:
         _installed = True
 
 
+class ahead_of_time:
+    """Within it, this thread's traces and compiles are a warm-up's, counted as ``ahead_traces``, … and not in
+    ``traces``, … (a background warm-up must not read as a miss of the run it prepares)."""
+
+    def __enter__(self):
+        install()
+        self._was = getattr(_local, "ahead", False)
+        _local.ahead = True
+        return self
+
+    def __exit__(self, *exc):
+        _local.ahead = self._was
+        return False
+
+
 def snapshot() -> dict[str, float]:
-    """Returns the counts so far: traces, lowerings, compiles and their seconds (``traces_s``, …)."""
+    """Returns the counts so far: traces, lowerings, compiles and their seconds (``traces_s``, …), and those of
+    warm-ups compiling ahead of time (``ahead_traces``, …)."""
     install()
     with _lock:
-        out = {k: 0.0 for n in _NAMES.values() for k in (n, n + "_s")}
+        out = {k: 0.0 for n in _NAMES.values() for p in ("", "ahead_") for k in (p + n, p + n + "_s")}
         out.update(_counts)
         return out
 

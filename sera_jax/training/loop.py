@@ -197,8 +197,11 @@ class Loop:
         metrics.update(info)
         if batch is None:
             return self._skip(pos.stage, metrics, info["reason"])
+        # The step's executables may still be compiling in the background (the warm-up): waited for off the event
+        # loop, before placing the batch (placing runs small programs the warm-up compiles too).
+        metrics["compile/warmup_wait_s"] = await asyncio.to_thread(self.step_fn.wait_warm)
         batch = self.step_fn.place(batch)
-        metrics["time/batch_s"] = time.perf_counter() - t1
+        metrics["time/batch_s"] = time.perf_counter() - t1 - metrics["compile/warmup_wait_s"]
         t2 = time.perf_counter()
         if stats["groups_carried"] and not self.deterministic:
             # Groups the staleness bound lets run across the update keep generating meanwhile (the reference pauses
@@ -226,12 +229,15 @@ class Loop:
         """JAX traces and compilations during the current attempt (0 once the warm-up covered its shapes)."""
         c = compile_watch.since(getattr(self, "_compiles0", {}))
         return {"compile/traces": c["traces"], "compile/compiles": c["compiles"],
-                "compile/trace_s": c["traces_s"] + c["lowerings_s"], "compile/compile_s": c["compiles_s"]}
+                "compile/trace_s": c["traces_s"] + c["lowerings_s"], "compile/compile_s": c["compiles_s"],
+                "compile/ahead_compiles": c["ahead_compiles"],
+                "compile/ahead_s": c["ahead_traces_s"] + c["ahead_lowerings_s"] + c["ahead_compiles_s"]}
 
     def warmup(self, log: Callable[[str], None] | None = None) -> dict[str, float]:
-        """Compiles, before the first attempt, what the attempts run: every engine shape, the key derivations, the
-        publish, and the train step at every bucket for ``warm_micro_batches`` micro-batch counts (ahead of time:
-        nothing runs). Returns the counts and the seconds it took."""
+        """Compiles, before the first attempt, what the attempts run: every engine shape, the key derivations and
+        the publish; and starts compiling the train step at every bucket for ``warm_micro_batches`` micro-batch counts
+        in the background (ahead of time: nothing runs), while the first rollout generates — the first update waits
+        for it (``compile/warmup_wait_s``). Returns the counts and the seconds the foreground part took."""
         t0 = time.monotonic()
         out: dict[str, float] = {}
         if self.engines is not None:
@@ -239,11 +245,12 @@ class Loop:
         warm_keys()
         shapes = step_shapes(self.token_budget, self.buckets, batch_axis_size(self.mesh) if self.mesh else 1,
                              self.warm_micro_batches)
-        out["step_executables"] = float(self.step_fn.warm(self.state, shapes))
+        self.step_fn.warm_in_background(self.state, shapes)
+        out["step_executables"] = float(len(shapes))
         out["seconds"] = time.monotonic() - t0
         if log is not None:
-            log(f"warm-up: {out.get('engine_executables', 0):.0f} engine and {out['step_executables']:.0f} train "
-                f"step executables in {out['seconds']:.1f} s")
+            log(f"warm-up: {out.get('engine_executables', 0):.0f} engine executables in {out['seconds']:.1f} s; "
+                f"{len(shapes)} train step shapes compiling in the background")
         return out
 
     def _skip(self, stage: str, metrics: dict[str, Any], reason: str) -> StepOutcome:

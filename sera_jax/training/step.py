@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
+import time
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -32,6 +34,7 @@ from sera_jax.parallel.mesh import activate
 from sera_jax.parallel.rules import TRAIN_RULES, Rules, mesh_spec
 from sera_jax.rl.batch import MicroBatch
 from sera_jax.rl.losses import StepConfig, get_loss
+from sera_jax.sampling import compile_watch
 from sera_jax.sampling.publish import publish  # noqa: F401 - the trainer's publish (DESIGN.md)
 
 
@@ -237,8 +240,10 @@ class CompiledStep:
     state_shardings: Any = None
     batch_sharding: MicroBatch | None = None
     executables: dict = dataclasses.field(default_factory=dict, compare=False)
+    _background: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     def __call__(self, state: TrainState, batch: MicroBatch) -> tuple[TrainState, dict[str, jax.Array]]:
+        self.wait_warm()
         exe = self.executables.get(tuple(batch.tokens.shape))
         ctx = activate(self.mesh, self.rules) if self.mesh is not None else contextlib.nullcontext()
         with ctx:
@@ -247,6 +252,33 @@ class CompiledStep:
     def place(self, batch: MicroBatch) -> MicroBatch:
         """Returns ``batch`` on the devices, in the layout the step expects."""
         return batch if self.batch_sharding is None else jax.device_put(batch, self.batch_sharding)
+
+    def warm_in_background(self, state: TrainState, shapes: Sequence[tuple[int, int, int]]) -> None:
+        """Starts ``warm`` for ``shapes`` in a thread (its compiles counted as ahead of time, see
+        ``compile_watch.ahead_of_time``): the first rollout generates meanwhile, and the first call waits for it."""
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                with compile_watch.ahead_of_time():
+                    result["executables"] = self.warm(abstract, shapes)
+            except BaseException as e:  # noqa: BLE001 - raised again in the thread that waits
+                result["error"] = e
+
+        thread = threading.Thread(target=run, name="sera-step-warmup", daemon=True)
+        thread.start()
+        self._background.append((thread, result))
+
+    def wait_warm(self) -> float:
+        """Waits for a background warm-up; returns the seconds waited (its error, if any, is raised here)."""
+        t0 = time.monotonic()
+        while self._background:
+            thread, result = self._background.pop(0)
+            thread.join()
+            if "error" in result:
+                raise RuntimeError("the train step's background warm-up failed") from result["error"]
+        return time.monotonic() - t0
 
     def warm(self, state: TrainState, shapes: Sequence[tuple[int, int, int]]) -> int:
         """Compiles the step for each [M, B, T] of ``shapes`` not compiled yet (abstract batches: nothing runs);

@@ -32,3 +32,14 @@ def test_compile_seconds_are_counted_for_the_thread_that_compiles():
     after = compile_watch.since(counts)
     assert after["traces"] >= 1 and after["compiles"] >= 1
     assert compile_watch.thread_seconds() - before >= after["compiles_s"] > 0
+
+
+def test_a_warm_up_compiling_ahead_of_time_is_counted_apart_from_the_runs_misses():
+    mark = compile_watch.snapshot()
+    with compile_watch.ahead_of_time():
+        jax.jit(lambda x: jnp.cos(x) - 2.0 * x.shape[0])(jnp.ones(19)).block_until_ready()
+    d = compile_watch.since(mark)
+    assert d["compiles"] == 0 and d["traces"] == 0
+    assert d["ahead_compiles"] >= 1 and d["ahead_traces"] >= 1
+    jax.jit(lambda x: jnp.tan(x) + x.shape[0])(jnp.ones(23)).block_until_ready()   # outside: a miss again
+    assert compile_watch.since(mark)["compiles"] >= 1
