@@ -15,8 +15,8 @@ TextWorld-Sync has its own oracle and demonstrations (``textworld_oracle.py``, `
 runtime, the shared world, rubrics, scores, counterfactual branches and the ``policy_frozen`` judge's requests);
 ``warm_start`` picks them by ``env.name``.
 
-The package ships the tiny defaults' warm starts (``assets/tiny_warmstart`` for TextCraft, 3.7 MB, and — once
-built — ``assets/tiny_textworld_warmstart`` for TextWorld: HF-format weights and ``warmstart.json`` recording the recipe it
+The package ships the tiny defaults' warm starts (``assets/tiny_warmstart`` for TextCraft, 3.7 MB, and
+``assets/tiny_textworld_warmstart`` for TextWorld: HF-format weights and ``warmstart.json`` recording the recipe it
 was built from and its numbers), because building one takes longer than the 15-minute budget of a default run on 2
 cores. ``warm_start`` uses it only when the recipe — model,
 tokenizer, prompts, env caps and every ``warmstart`` field — equals the config's; otherwise it builds.

@@ -1,13 +1,13 @@
 """The TextWorld warm start: the oracle plays the compact prompts through the real runtime (shared world, concurrent
 sub-agents, rubric coordinator, counterfactual branches, the policy_frozen judge's requests), sabotaged sub-agents
 are scored and judged 0 while the root finishes their dish, demo datums train exactly the kept completions, the
-first-turn datums are the prompts the runtime sends, and the shipped tokenizer is the config's. (The warm start's
-weights are not shipped yet: a test that they match the config comes with them.)"""
+first-turn datums are the prompts the runtime sends, and the shipped tokenizer and warm start are the config's."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 
@@ -169,3 +169,17 @@ def test_the_tokenizer_rebuilds_to_the_shipped_pieces(tmp_path):
     tok = resolve_tokenizer("builtin:textworld", None)[0]
     ids = tok.encode('{"goal": "Prepare and eat dish_1: block of cheese (fried, sliced)."}')
     assert " block of cheese" in [tok.decode([i]) for i in ids]  # a name is one piece, as in the task text
+
+
+
+def test_shipped_warm_start_is_the_configs():
+    """The package's TextWorld warm start was built from exactly the config's recipe (else it would not be used)."""
+    from sera_jax.warmstart.sft import recipe, shipped_dir, shipped_matches
+
+    cfg = load_config([CONFIG])
+    assert shipped_dir(cfg).name == "tiny_textworld_warmstart"
+    assert shipped_matches(cfg), "rebuild it: sera-warmstart configs/tiny_textworld.yaml --ship"
+    stats = json.loads((shipped_dir(cfg) / "warmstart.json").read_text())["stats"]
+    assert stats["oracle_root_success"] == 1.0 and stats["judge_calls"] > 0
+    changed = load_config([CONFIG], ["warmstart.fail_prob=0.5"])
+    assert recipe(changed) != recipe(cfg) and not shipped_matches(changed)
