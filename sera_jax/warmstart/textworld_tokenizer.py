@@ -28,7 +28,7 @@ from sera_jax.agents import judge as J
 from sera_jax.agents import rubric as Rb
 from sera_jax.agents import textworld_prompt as P
 from sera_jax.assembly.tokenizer import BUILTIN
-from sera_jax.model.tokenizer import train_sentencepiece
+from sera_jax.warmstart.tokenizer import train_tiny_model
 from sera_jax.warmstart.textworld_oracle import (
     dish_specs,
     finish_text,
@@ -118,14 +118,7 @@ def corpus(num_per_cell: int = 2) -> list[str]:
 
 def build_textworld_tokenizer(path: str | Path, vocab_size: int = VOCAB_SIZE) -> Path:
     """Trains (once) the tiny TextWorld sentencepiece model at ``path``; returns the path of the ``.model``."""
-    path = Path(path)
-    if path.suffix != ".model":
-        path = path / "tokenizer.model"
-    if not path.is_file():
-        # Pieces may span spaces (an ingredient name is one piece); digits stay single characters.
-        train_sentencepiece(corpus(), path, vocab_size, num_threads=1, input_sentence_size=0,
-                            max_sentence_length=1 << 16, split_by_whitespace=False, max_sentencepiece_length=24)
-    return path
+    return train_tiny_model(path, corpus, vocab_size)
 
 
 if __name__ == "__main__":

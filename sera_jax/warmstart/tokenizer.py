@@ -47,16 +47,22 @@ def _corpus(max_tasks: int = 300) -> list[str]:
     return texts
 
 
-def build_tiny_tokenizer(path: str | Path, vocab_size: int = 1024) -> Path:
-    """Trains (once) the tiny TextCraft sentencepiece model at ``path``; returns the path of the ``.model``."""
+def train_tiny_model(path: str | Path, corpus, vocab_size: int) -> Path:
+    """Trains (once) a tiny sentencepiece model on ``corpus()`` at ``path`` (a ``.model`` file, or a directory for
+    ``tokenizer.model``); returns the path of the ``.model``. Pieces may span spaces (code idioms such as
+    ``" = get_info(["``, an ingredient's name); digits stay single characters."""
     path = Path(path)
     if path.suffix != ".model":
         path = path / "tokenizer.model"
     if not path.is_file():
-        # Pieces may span spaces (code idioms such as ``" = get_info(["``); digits stay single characters.
-        train_sentencepiece(_corpus(), path, vocab_size, num_threads=1, input_sentence_size=0,
+        train_sentencepiece(corpus(), path, vocab_size, num_threads=1, input_sentence_size=0,
                             max_sentence_length=1 << 16, split_by_whitespace=False, max_sentencepiece_length=24)
     return path
+
+
+def build_tiny_tokenizer(path: str | Path, vocab_size: int = 1024) -> Path:
+    """Trains (once) the tiny TextCraft sentencepiece model at ``path``; returns the path of the ``.model``."""
+    return train_tiny_model(path, _corpus, vocab_size)
 
 
 if __name__ == "__main__":
