@@ -8,4 +8,4 @@ export JAX_PLATFORMS=cpu
 export TOKENIZERS_PARALLELISM=false
 # The layering contract (pyproject.toml [tool.importlinter]): an upward import between rooms fails here, first.
 lint-imports
-exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile tests "$@"
+exec python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=25 tests "$@"
