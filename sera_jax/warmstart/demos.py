@@ -31,9 +31,8 @@ from sera_jax.warmstart.oracle import TextCraftOracle
 CALL_PREFIXES = ("rubric:", "score:", "judge:")  # side calls (the judge's: TextWorld's policy_frozen requests)
 # Bumped whenever the oracle or the choice of demonstrations changes what a recipe builds (2: agents failed only by a
 # sabotaged descendant are demos too; 3: the choice to delegate depends on the depth only through the launch context
-# a parent gives children at the depth limit; 4: the first cell prints the craftable ingredients the choice rests on;
-# 5: execution-stage rubric prompts show the parent's whole reply, as the rubric writer has since its fix).
-DEMO_VERSION = 5
+# a parent gives children at the depth limit; 4: the first cell prints the craftable ingredients the choice rests on).
+DEMO_VERSION = 4
 
 
 class RecordingGenerator(ScriptedGenerator):
