@@ -30,13 +30,13 @@ def _on_duration(event: str, duration: float, **kwargs) -> None:
     name = _NAMES.get(event)
     if name is None:
         return
-    if getattr(_local, "ahead", False):
-        name = "ahead_" + name
+    ahead = getattr(_local, "ahead", False)
+    key = "ahead_" + name if ahead else name
     with _lock:
-        _counts[name] += 1
-        _counts[name + "_s"] += duration
+        _counts[key] += 1
+        _counts[key + "_s"] += duration
         _thread_s[threading.get_ident()] += duration
-        if name.endswith("traces") and not name.startswith("ahead_"):
+        if name == "traces" and not ahead:
             _functions[str(kwargs.get("fun_name", "?"))] += 1
 
 
