@@ -154,8 +154,9 @@ class TrainSection:
     reshuffle_each_epoch: bool = True
     max_epochs: int = 10                 # safety bound over the task set
     # Compile before the first step every engine shape, the publish and the train step at each bucket for these
-    # micro-batch counts, so that no step waits on a trace or a compilation (empty: compile on first use).
-    warmup_micro_batches: tuple[int, ...] = (1, 2)
+    # micro-batch counts, so that no step waits on a trace or a compilation (empty: compile on first use). A step's
+    # micro-batches are padded to the smallest of them that holds them (beyond: the next power of two).
+    warmup_micro_batches: tuple[int, ...] = (1, 2, 3, 4)
     warmup: bool = True
 
 
@@ -222,6 +223,11 @@ class WarmStartSection:
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply
+    # How an update's datums are chosen: "mixed" (a shuffled stream cut at token_budget: any length with any, so
+    # nearly every update pads to the longest bucket) or "by_length" (each update from one bucket, packed into one
+    # micro-batch of its rows: the same tokens at about half the cost on 2 cores).
+    batching: Literal["mixed", "by_length"] = "mixed"
+    decay: bool = False                  # the rate decays linearly to 0 over the updates after warm-up
     seed: int = 0                        # demo tasks, oracle choices, batch order
     init_seed: int = 0                   # the random initialisation (not train.seed: RL seeds share one warm start)
 

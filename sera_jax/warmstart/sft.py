@@ -40,7 +40,7 @@ from sera_jax.assembly.tokenizer import ASSETS, BUILTIN, BUILTIN_PREFIX, resolve
 from sera_jax.config import check_mesh
 from sera_jax.model import init_params, load_pretrained, save_pretrained
 from sera_jax.parallel.mesh import make_mesh
-from sera_jax.rl.batch import pack_datums
+from sera_jax.rl.batch import bucket_length, pack_datums
 from sera_jax.rl.datums import Datum
 from sera_jax.rl.losses import StepConfig
 from sera_jax.rl.optim import OptimConfig, make_optimizer
@@ -77,6 +77,10 @@ def recipe(cfg: Any) -> dict[str, Any]:
         del ws["exhaust_share"]
     if ws["rubric_target_prob"] == 1.0:  # likewise
         del ws["rubric_target_prob"], ws["rubric_miss"]
+    if ws["batching"] == "mixed":  # likewise
+        del ws["batching"]
+    if not ws["decay"]:  # likewise
+        del ws["decay"]
     e, r = cfg.env, cfg.rollout
     if e.name != "textcraft":  # what else shapes TextWorld's demos: world rules, fork groups, side-call caps
         m, j = cfg.method_config(), cfg.judge
@@ -131,6 +135,54 @@ def _import_shipped(cfg: Any, ck: Any, tok_path: str, directory: Path) -> None:
     meta["warmstart"] = {**record.get("stats", {}), "source": f"shipped ({directory})"}
     ck.save(0, init_train_state(params, make_optimizer(OptimConfig())), meta, force=True)
     ck.wait()
+
+
+def _ffd_rows(lengths: Sequence[int], row_len: int) -> int:
+    """Returns the rows of ``row_len`` positions that first-fit decreasing packs ``lengths`` into, as ``pack_datums``
+    does."""
+    free: list[int] = []
+    for n in sorted(lengths, reverse=True):
+        row = next((r for r, f in enumerate(free) if f >= n), None)
+        if row is None:
+            free.append(row_len)
+            row = len(free) - 1
+        free[row] -= n
+    return len(free)
+
+
+def _batches_by_length(datums: Sequence[Datum], token_budget: int, steps: int, seed: int,
+                       buckets: Sequence[int]):
+    """Yields ``steps`` lists of datums, each from one length bucket and filling at most one micro-batch of it
+    (``token_budget // T`` rows of T positions, packed as ``pack_datums`` packs): every epoch shuffles each bucket's
+    datums, cuts them into such batches and shuffles the batches of all buckets together. A short datum then costs
+    a short row's attention instead of sharing an update (and its padding) with the longest one."""
+    rng = random.Random(seed)
+    by_bucket: dict[int, list[Datum]] = {}
+    for d in datums:
+        if len(d.tokens) > 1:
+            by_bucket.setdefault(bucket_length(len(d.tokens) - 1, buckets), []).append(d)
+    if not by_bucket:
+        raise ValueError("warm start: no datum has a target token")
+    yielded = 0
+    while True:
+        epoch: list[list[Datum]] = []
+        for T in sorted(by_bucket):
+            group = list(by_bucket[T])
+            rng.shuffle(group)
+            rows, batch, lengths = max(1, token_budget // T), [], []
+            for d in group:
+                if batch and _ffd_rows(lengths + [len(d.tokens) - 1], T) > rows:
+                    epoch.append(batch)
+                    batch, lengths = [], []
+                batch.append(d)
+                lengths.append(len(d.tokens) - 1)
+            epoch.append(batch)
+        rng.shuffle(epoch)
+        for batch in epoch:
+            if yielded == steps:
+                return
+            yield batch
+            yielded += 1
 
 
 def _batches(datums: Sequence[Datum], token_budget: int, steps: int, seed: int):
@@ -200,7 +252,8 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         mesh = make_mesh(cfg.mesh)
         model_cfg = cfg.model_config()
         params = init_params(jax.random.fold_in(jax.random.key(ws.init_seed), 0), model_cfg)
-        tx = make_optimizer(OptimConfig(lr=ws.lr, warmup_steps=ws.warmup_steps, weight_decay=0.0))
+        tx = make_optimizer(OptimConfig(lr=ws.lr, warmup_steps=ws.warmup_steps, weight_decay=0.0,
+                                        decay_steps=ws.steps - ws.warmup_steps if ws.decay else None))
         state = shard_train_state(params, tx, model_cfg, mesh)
         step_fn = make_train_step(model_cfg, tx, StepConfig(loss="pg"), mesh=mesh, state=state)
         ranks = batch_axis_size(mesh)
@@ -208,7 +261,9 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         from tqdm import tqdm
 
         with open(out / "warmstart_metrics.jsonl", "w") as fh:
-            for i, batch in enumerate(tqdm(_batches(datums, ws.token_budget, ws.steps, ws.seed), total=ws.steps,
+            batches = (_batches_by_length(datums, ws.token_budget, ws.steps, ws.seed, cfg.batch.buckets)
+                       if ws.batching == "by_length" else _batches(datums, ws.token_budget, ws.steps, ws.seed))
+            for i, batch in enumerate(tqdm(batches, total=ws.steps,
                                            desc="warm start (SFT)", unit="step", dynamic_ncols=True)):
                 packed = pack_datums(batch, token_budget=ws.token_budget, buckets=cfg.batch.buckets)
                 mb = stack_micro_batches(packed.micro_batches, row_multiple=ranks)
