@@ -82,11 +82,19 @@ class StepOutcome:
     metrics: dict[str, Any]
 
 
+def micro_batch_count(n: int, warmed: Sequence[int] = ()) -> int:
+    """Returns the micro-batch count M that ``n`` packed micro-batches are padded to: the smallest warmed count ≥
+    ``n`` (the warm-up compiled the step for it, and 3 run as 3, not as 4 with an empty one), else the next power of
+    two (compiled on first use; powers keep those compiles few)."""
+    fits = [m for m in warmed if m >= n]
+    return min(fits) if fits else 1 << max(n - 1, 0).bit_length()
+
+
 def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trainable: int, token_budget: int,
-                buckets: Sequence[int], row_multiple: int):
-    """Returns (stacked micro-batches or None, info): depth-weighted trainable datums packed for ``train_step``;
-    None when the step must be skipped (fewer than ``min_trainable`` trainable datums: the reference's 8 ranks,
-    recipes.md §2.7)."""
+                buckets: Sequence[int], row_multiple: int, warmed_micro_batches: Sequence[int] = ()):
+    """Returns (stacked micro-batches or None, info): depth-weighted trainable datums packed for ``train_step``,
+    their count padded by ``micro_batch_count``; None when the step must be skipped (fewer than ``min_trainable``
+    trainable datums: the reference's 8 ranks, recipes.md §2.7)."""
     datums = [d for g in groups for d in g.datums]
     trainable = [d for d in datums if d.trainable]
     info = {"datums": len(datums), "trainable_datums": len(trainable)}
@@ -95,7 +103,8 @@ def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trai
     if method.depth_level_weighting:
         trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma)
     packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_groups=row_multiple)
-    batch = stack_micro_batches(packed.micro_batches, row_multiple=row_multiple)
+    batch = stack_micro_batches(packed.micro_batches, row_multiple=row_multiple,
+                                num=micro_batch_count(len(packed.micro_batches), warmed_micro_batches))
     info.update(micro_batches=len(packed.micro_batches), loss_tokens=packed.num_tokens,
                 rows=int(batch.tokens.shape[1]), row_len=int(batch.tokens.shape[2]))
     return batch, info
@@ -135,7 +144,7 @@ class Loop:
     trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
     engine_stats: Callable[[], list[dict[str, int]]] | None = None  # the sampling engines' counters (rollout/*)
     engines: Any = None                               # the sampling engines (warm-up; busy fraction)
-    warm_micro_batches: Sequence[int] = (1, 2)        # micro-batch counts the warm-up compiles the step for
+    warm_micro_batches: Sequence[int] = (1, 2, 3, 4)  # micro-batch counts the warm-up compiles the step for
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
     _admission: Admission | None = dataclasses.field(default=None, init=False, repr=False)
@@ -159,6 +168,7 @@ class Loop:
         tasks_per_step = self.stage_tasks_per_step.get(pos.stage, self.tasks_per_step)
         self._t_start = t0 = time.monotonic()
         self._compiles0 = compile_watch.snapshot()
+        self._traced0 = compile_watch.traced_functions()
         watch = RunWatch(self.engines)
         trace = watch.trace
         engine_before = self.engine_stats() if self.engine_stats is not None else None
@@ -193,7 +203,8 @@ class Loop:
         t1 = time.perf_counter()
         min_trainable = self.min_trainable if self.min_trainable is not None else tasks_per_step
         batch, info = build_batch(groups, self.method, min_trainable=min_trainable, token_budget=self.token_budget,
-                                  buckets=self.buckets, row_multiple=batch_axis_size(self.mesh) if self.mesh else 1)
+                                  buckets=self.buckets, row_multiple=batch_axis_size(self.mesh) if self.mesh else 1,
+                                  warmed_micro_batches=self.warm_micro_batches)
         metrics.update(info)
         if batch is None:
             return self._skip(pos.stage, metrics, info["reason"])
@@ -225,10 +236,13 @@ class Loop:
             self.save()
         return outcome
 
-    def _compile_metrics(self) -> dict[str, float]:
+    def _compile_metrics(self) -> dict[str, Any]:
         """JAX traces and compilations during the current attempt (0 once the warm-up covered its shapes)."""
         c = compile_watch.since(getattr(self, "_compiles0", {}))
-        return {"compile/traces": c["traces"], "compile/compiles": c["compiles"],
+        before = getattr(self, "_traced0", {})
+        traced = {f: n - before.get(f, 0) for f, n in compile_watch.traced_functions().items() if n > before.get(f, 0)}
+        return {"compile/traced_functions": traced,  # which functions missed their cache (JSON only)
+                "compile/traces": c["traces"], "compile/compiles": c["compiles"],
                 "compile/trace_s": c["traces_s"] + c["lowerings_s"], "compile/compile_s": c["compiles_s"],
                 "compile/ahead_compiles": c["ahead_compiles"],
                 "compile/ahead_s": c["ahead_traces_s"] + c["ahead_lowerings_s"] + c["ahead_compiles_s"]}

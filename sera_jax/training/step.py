@@ -316,8 +316,8 @@ def abstract_micro_batch(shape: tuple[int, int, int], shardings: MicroBatch | No
 def step_shapes(token_budget: int, buckets: Sequence[int], row_groups: int, micro: Sequence[int] = (1, 2)
                 ) -> list[tuple[int, int, int]]:
     """Returns the stacked batch shapes [M, B, T] the loop builds (``rl.batch.pack_datums`` with ``row_groups``
-    devices per micro-batch; ``stack_micro_batches`` pads M to a power of two): every bucket T, each M of
-    ``micro``."""
+    devices per micro-batch; ``loop.micro_batch_count`` pads M to the smallest of ``micro`` that holds it): every
+    bucket T, each M of ``micro``."""
     return [(m, max(1, token_budget // t) * row_groups, t) for t in sorted(buckets) for m in micro]
 
 

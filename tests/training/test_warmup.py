@@ -10,11 +10,13 @@ import pytest
 
 from sera_jax.config import load_config
 from sera_jax.training.build import build_loop
+from sera_jax.training.loop import micro_batch_count
 
 SMALL = ["model.init_from=null", "train.warmup=true", "rollout.tasks_per_step=1", "rollout.trees_per_task=2",
          "rollout.speculative_groups_per_rank=0", "rollout.context_tokens=256", "rollout.max_prompt_tokens=192",
          "rollout.max_completion_tokens=64", "batch.buckets=[256]", "batch.token_budget=512",
-         "method.execution_filter_zero_variance_groups=false", "env.max_steps=2", "env.num_workers=1"]
+         "method.execution_filter_zero_variance_groups=false", "env.max_steps=2", "env.num_workers=1",
+         "train.warmup_micro_batches=[1,2]"]
 
 
 @pytest.mark.slow
@@ -35,3 +37,11 @@ def test_an_attempt_after_the_warm_up_traces_and_compiles_nothing(tmp_path):
     assert m["agents/lifetime_s"] > 0
     assert m["agents/engine_s"] + m["agents/env_s"] + m["agents/children_s"] + m["agents/host_s"] == \
         pytest.approx(m["agents/lifetime_s"])
+
+
+def test_a_steps_micro_batches_are_padded_to_the_smallest_warmed_count():
+    warmed = (1, 2, 3, 4)
+    assert [micro_batch_count(n, warmed) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]  # 3 runs as 3, not 4
+    assert micro_batch_count(3, (1, 2, 4)) == 4
+    assert micro_batch_count(5, warmed) == 8 and micro_batch_count(9, warmed) == 16  # beyond: powers of two
+    assert [micro_batch_count(n) for n in (1, 2, 3, 5)] == [1, 2, 4, 8]  # nothing warmed
