@@ -39,19 +39,21 @@ def _loo(values: Float[Array, "N"], seg: Int[Array, "N"], num_groups: int) -> Fl
     return jnp.where(count > 1, values - others, 0.0)
 
 
-def loo_advantages(values: Sequence[float] | Array, group_ids: Sequence[Any] | Array) -> Float[Array, "N"]:
+def loo_advantages(values: Sequence[float] | Array, group_ids: Sequence[Any] | Array) -> np.ndarray:
     """Returns v_i − mean of the other values in v_i's group (0 for a group of one), in input order."""
-    v = jnp.asarray(values, dtype=jnp.float32)
-    if v.shape[0] == 0:
-        return v
+    v = np.asarray(values, dtype=np.float32).reshape(-1)
     n = v.shape[0]
+    if n == 0:
+        return v
     _, seg = np.unique(np.asarray(group_ids), return_inverse=True)
-    # Pad to a power of two (padding in its own segment) so varying batch sizes reuse a few compiled shapes.
+    # Pad to a power of two (padding in its own segment) so varying batch sizes reuse a few compiled shapes; the
+    # padding and the slice back are numpy (an eager jnp slice would compile a program for every n).
     width = max(8, 1 << (n - 1).bit_length())
     seg_p = np.full(width, width, np.int32)
     seg_p[:n] = seg.reshape(-1)
-    v_p = jnp.zeros(width, jnp.float32).at[:n].set(v)
-    return _loo(v_p, jnp.asarray(seg_p), width + 1)[:n]
+    v_p = np.zeros(width, np.float32)
+    v_p[:n] = v
+    return np.asarray(_loo(v_p, seg_p, width + 1))[:n]
 
 
 def execution_advantages(rewards: Sequence[float], rollout: Sequence[int],

@@ -139,7 +139,7 @@ def _one_group(scores: Sequence[float | None], labels: Sequence[bool | None]) ->
     for k, (x, lab) in enumerate(zip(scores, labels)):
         if x is not None and lab is not None and np.isfinite(x):
             valid[k], s[k], y[k] = True, float(x), bool(lab)
-    return jnp.asarray(s)[None], jnp.asarray(y)[None], jnp.asarray(valid)[None]
+    return s[None], y[None], valid[None]  # host arrays: the jitted rewards take them as they are
 
 
 def hinge_rank_reward(scores: Sequence[float | None], labels: Sequence[bool | None],
@@ -148,7 +148,7 @@ def hinge_rank_reward(scores: Sequence[float | None], labels: Sequence[bool | No
     least ``margin``), or None when the group is skipped (homogeneous labels or < 2 valid scores)."""
     if not scores:
         return None
-    r, ranked = hinge_rank_rewards(*_one_group(scores, labels), margin)
+    r, ranked = jax.device_get(hinge_rank_rewards(*_one_group(scores, labels), margin))
     return float(r[0]) if bool(ranked[0]) else None
 
 
@@ -159,7 +159,8 @@ def rank_disc_reward(scores: Sequence[float | None], labels: Sequence[bool | Non
         raise ValueError("order/disc weights must sum to 1 and scale must be ≥ 0")
     if not scores:
         return None
-    r, ranked = rank_disc_rewards(*_one_group(scores, labels), margin, scale, order_weight, disc_weight)
+    r, ranked = jax.device_get(rank_disc_rewards(*_one_group(scores, labels), margin, scale, order_weight,
+                                                 disc_weight))
     return float(r[0]) if bool(ranked[0]) else None
 
 

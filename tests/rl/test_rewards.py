@@ -189,3 +189,23 @@ def test_leaf_coverage_success_gate():
     assert ev.weight == 0.5
     (ev,), _ = leaf_coverage_rewards(t)
     assert ev.weight == 1.0
+
+
+def test_credit_of_new_group_sizes_traces_nothing_new():
+    """The ranking rewards and LOO baselines run on host-padded arrays: a new group size reuses the compiled kernels
+    (an eager jnp pad or slice would compile a program per size in every rubric step)."""
+    from sera_jax.rl.baselines import loo_advantages
+    from sera_jax.rl.rewards import hinge_rank_reward, rank_disc_reward
+    from sera_jax.sampling import compile_watch
+
+    compile_watch.install()
+    loo_advantages([1.0, 0.0, 1.0], [0, 0, 0])
+    hinge_rank_reward([0.9, 0.1, None, 0.5], [True, False, True, False])
+    rank_disc_reward([0.9, 0.1], [True, False])
+    before = compile_watch.snapshot()["traces"]
+    adv = loo_advantages([1.0, 0.0, 1.0, 0.0, 1.0], [0, 0, 0, 1, 1])
+    r = hinge_rank_reward([0.9, 0.1, 0.2, 0.3, 0.8, 0.1], [True, False, True, False, True, False])
+    d = rank_disc_reward([0.9, 0.1, 0.3], [True, False, False])
+    assert compile_watch.snapshot()["traces"] == before
+    np.testing.assert_allclose(adv, [0.5, -1.0, 0.5, -1.0, 1.0])
+    assert r == pytest.approx(-(0.1 + 0.3 + 0.1) / 9, abs=1e-6) and 0 < d <= 1  # the 0.2 success: 3 hinges
