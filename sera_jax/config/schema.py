@@ -221,6 +221,9 @@ class WarmStartSection:
     # "generic": the vague rubric in the target rubric's template ("its goal" for the item; oracle.py).
     rubric_miss: Literal["distractor", "vague", "generic"] = "distractor"
     copy_demos: int = 2000               # extra first-turn datums (the goal-copying turn), see goal_copy_datums
+    # TextWorld: the task set the first-turn datums are drawn from (null = the demo tasks). A set of thousands of
+    # goals, disjoint from the evaluation's, teaches copying a goal instead of recalling 200 of them.
+    copy_task_set: Optional[str] = None
     fork_demo_tasks: int = 0             # of the demo tasks, played under the rubric-generation stage's launcher
     #                                      (fork groups): its post-hoc rubric prompt shows the parent's whole reply
     # How an update's datums are chosen: "mixed" (a shuffled stream cut at token_budget: any length with any, so

@@ -81,6 +81,8 @@ def recipe(cfg: Any) -> dict[str, Any]:
         del ws["batching"]
     if not ws["decay"]:  # likewise
         del ws["decay"]
+    if ws["copy_task_set"] is None:  # likewise
+        del ws["copy_task_set"]
     e, r = cfg.env, cfg.rollout
     if e.name != "textcraft":  # what else shapes TextWorld's demos: world rules, fork groups, side-call caps
         m, j = cfg.method_config(), cfg.judge

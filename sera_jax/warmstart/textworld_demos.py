@@ -8,7 +8,8 @@ rubric and the branch scores, then the judge's label of each branch of a group w
 in the execution stage (a rubric before every child, a score after it, then the judge's label of every sub-agent —
 the labels the RAO family is rewarded by). Kept (``demos.demo_datums``): the turns of every agent that played the
 oracle's plan and was not sabotaged, every rubric, score and judge call (the oracle's scores and labels are the true
-outcomes, sabotaged children's 0 included), plus first-turn datums (``first_turn_datums``).
+outcomes, sabotaged children's 0 included), plus first-turn datums (``first_turn_datums``) on the tasks of
+``warmstart.copy_task_set`` (else the demo tasks).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from envs_py.textworld_sync import make_world
+from envs_py.textworld_sync.task_sets import load_task_set
 from envs_py.textworld_sync.world import ROOT
 from sera_jax.agents.judge import make_judge
 from sera_jax.agents.launchers.factory import make_launcher_factory
@@ -112,7 +114,8 @@ async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]
         trees += done
     datums, counts = demo_datums(gen.records, trees, oracle.sabotaged, shared_world=True)
     if ws.copy_demos:
-        datums += first_turn_datums(cfg, tokenizer, tasks, oracle, ws.copy_demos, ws.seed)
+        copy_tasks = load_task_set(ws.copy_task_set)[0] if ws.copy_task_set else tasks
+        datums += first_turn_datums(cfg, tokenizer, copy_tasks, oracle, ws.copy_demos, ws.seed)
     roots = [t.nodes[t.root_id] for t in trees]
     stats = {"demo_trees": len(trees), "fork_demo_trees": split, "fork_groups": sum(len(t.fork_groups) for t in trees),
              "ranked_fork_groups": sum(1 for t in trees for g in t.fork_groups
@@ -121,6 +124,7 @@ async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "sabotaged_children": len(oracle.sabotaged),
              "judge_labels": {k: v.get("labelled", 0) for k, v in labels.items()},
-             "first_turn_datums": ws.copy_demos, "datums": len(datums),
+             "first_turn_datums": ws.copy_demos, "first_turn_tasks": len(copy_tasks) if ws.copy_demos else 0,
+             "datums": len(datums),
              "trained_tokens": sum(d.num_trained for d in datums), **counts}
     return datums, stats

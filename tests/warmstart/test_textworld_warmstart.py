@@ -158,6 +158,28 @@ def test_demos_and_first_turns_are_what_the_runtime_sends(cfg, tok, tasks):
     assert any('"delegations"' in tok.decode(list(d.tokens)) for d in roots)
 
 
+def test_first_turns_come_from_their_own_task_set(cfg, tok, tasks):
+    """``warmstart.copy_task_set``: the first-turn datums copy goals of that set's tasks (thousands of them in the
+    tiny default, none the evaluation's), not the demo tasks' — so copying is learned, not 200 goals recalled."""
+    from envs_py.textworld_sync.task_sets import load_task_set
+
+    spec = "test@800000?difficulties=easy&per_cell=2+test@801000?difficulties=easy&per_cell=2"
+    small = dataclasses.replace(cfg, warmstart=dataclasses.replace(cfg.warmstart, copy_demos=12, fork_demo_tasks=0,
+                                                                   copy_task_set=spec))
+    datums, stats = asyncio.run(collect_textworld_demos(small, tok, tasks[:2]))
+    assert stats["first_turn_tasks"] == 28 and stats["first_turn_datums"] == 12
+    own = [t.goal for t in load_task_set(spec)[0]]
+    first = [tok.decode(list(d.tokens)) for d in datums if d.node_id == "first"]
+    assert len(first) == 12 and all(any(goal in text for goal in own) for text in first if "dishes" in text)
+    assert any("dishes" in text for text in first)  # some roots among them, each given a task of the set
+    assert not any(t.goal in text for t in tasks[:2] for text in first)
+    # The held-out evaluation's tasks are never among them, and the setting is TextWorld's only.
+    held_out = {t.goal for t in load_task_set(cfg.eval.task_set.split("+")[0])[0]}
+    assert held_out.isdisjoint(t.goal for t in load_task_set(cfg.warmstart.copy_task_set)[0])
+    with pytest.raises(ValueError, match="copy_task_set"):
+        load_config(["configs/tiny_cpu.yaml"], [f"warmstart.copy_task_set={spec}"])
+
+
 def test_the_tokenizer_rebuilds_to_the_shipped_pieces(tmp_path):
     import sentencepiece as spm
 
