@@ -28,6 +28,7 @@ __all__ = [
     "loo_advantages", "execution_advantages", "root_balanced_advantages", "depth_weights", "gamma_depth_weights",
     "is_zero_variance", "step_is_skipped", "assign_execution_advantages", "assign_delegation_advantages",
     "assign_rubric_advantages", "apply_depth_weights", "GroupCredit", "task_group_credit", "step_rubric_credit",
+    "warm_credit",
 ]
 
 
@@ -54,6 +55,22 @@ def loo_advantages(values: Sequence[float] | Array, group_ids: Sequence[Any] | A
     v_p = np.zeros(width, np.float32)
     v_p[:n] = v
     return np.asarray(_loo(v_p, seg_p, width + 1))[:n]
+
+
+def warm_credit(max_datums: int = 256) -> None:
+    """Runs the credit's compiled kernels once at each padded size a step can meet (LOO over up to ``max_datums``
+    datums; both ranking rewards over a fork group of up to 8 branches), so that a run's warm-up leaves the rubric
+    step nothing to compile."""
+    from sera_jax.rl.rewards import hinge_rank_reward, rank_disc_reward
+
+    width = 8
+    while True:
+        loo_advantages([0.0] * width, [0] * width)
+        if width >= max_datums:
+            break
+        width *= 2
+    hinge_rank_reward([1.0, 0.0], [True, False])
+    rank_disc_reward([1.0, 0.0], [True, False])
 
 
 def execution_advantages(rewards: Sequence[float], rollout: Sequence[int],

@@ -51,6 +51,7 @@ from sera_jax.rl.baselines import (
     step_is_skipped,
     step_rubric_credit,
     task_group_credit,
+    warm_credit,
 )
 from sera_jax.rl.batch import pack_datums
 from sera_jax.rl.stages import MethodConfig, position
@@ -257,6 +258,7 @@ class Loop:
         if self.engines is not None:
             out["engine_executables"] = float(self.engines.warmup(self.state.params))
         warm_keys()
+        warm_credit()
         shapes = step_shapes(self.token_budget, self.buckets, batch_axis_size(self.mesh) if self.mesh else 1,
                              self.warm_micro_batches)
         self.step_fn.warm_in_background(self.state, shapes)

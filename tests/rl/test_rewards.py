@@ -209,3 +209,17 @@ def test_credit_of_new_group_sizes_traces_nothing_new():
     assert compile_watch.snapshot()["traces"] == before
     np.testing.assert_allclose(adv, [0.5, -1.0, 0.5, -1.0, 1.0])
     assert r == pytest.approx(-(0.1 + 0.3 + 0.1) / 9, abs=1e-6) and 0 < d <= 1  # the 0.2 success: 3 hinges
+
+
+def test_warm_credit_leaves_nothing_to_compile():
+    from sera_jax.rl.baselines import loo_advantages, warm_credit
+    from sera_jax.rl.rewards import hinge_rank_reward, rank_disc_reward
+    from sera_jax.sampling import compile_watch
+
+    compile_watch.install()
+    warm_credit(max_datums=32)
+    before = compile_watch.snapshot()["traces"]
+    loo_advantages([1.0] * 20 + [0.0] * 7, [0] * 27)       # padded to 32
+    hinge_rank_reward([0.2] * 5 + [0.9] * 3, [False] * 5 + [True] * 3)
+    rank_disc_reward([0.2, 0.9, 0.5], [False, True, True])
+    assert compile_watch.snapshot()["traces"] == before
