@@ -63,12 +63,8 @@ def warm_credit(max_datums: int = 256) -> None:
     step nothing to compile."""
     from sera_jax.rl.rewards import hinge_rank_reward, rank_disc_reward
 
-    width = 8
-    while True:
-        loo_advantages([0.0] * width, [0] * width)
-        if width >= max_datums:
-            break
-        width *= 2
+    for k in range(3, max(max_datums - 1, 7).bit_length() + 1):  # widths 8, 16, … up to ≥ max_datums
+        loo_advantages([0.0] * (1 << k), [0] * (1 << k))
     hinge_rank_reward([1.0, 0.0], [True, False])
     rank_disc_reward([1.0, 0.0], [True, False])
 

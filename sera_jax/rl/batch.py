@@ -21,7 +21,8 @@ from jaxtyping import Array, Float, Int
 
 from sera_jax.rl.datums import Datum
 
-__all__ = ["MicroBatch", "PackedStep", "DEFAULT_BUCKETS", "bucket_length", "pack_datums", "count_loss_tokens"]
+__all__ = ["MicroBatch", "PackedStep", "DEFAULT_BUCKETS", "bucket_length", "first_fit_decreasing", "pack_datums",
+           "count_loss_tokens"]
 
 DEFAULT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
 
@@ -54,6 +55,22 @@ def count_loss_tokens(datums: Sequence[Datum]) -> int:
     return sum(sum(d.mask[1:]) for d in datums)
 
 
+def first_fit_decreasing(lengths: Sequence[int], row_len: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Returns ((index, row) in placement order, free positions per row): first-fit decreasing of the positive
+    ``lengths`` into rows of ``row_len``, stable on the index so packing is deterministic."""
+    order = sorted((i for i in range(len(lengths)) if lengths[i] > 0), key=lambda i: (-lengths[i], i))
+    free: list[int] = []
+    placed = []
+    for i in order:
+        row = next((r for r, f in enumerate(free) if f >= lengths[i]), None)
+        if row is None:
+            free.append(row_len)
+            row = len(free) - 1
+        free[row] -= lengths[i]
+        placed.append((i, row))
+    return placed, free
+
+
 def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
     """Returns the smallest bucket ≥ n; raises ValueError when n exceeds the largest bucket."""
     for b in sorted(buckets):
@@ -82,20 +99,14 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
         raise ValueError(f"sequence of {longest} positions does not fit rows of {T}")
     rows_per_micro = max(1, token_budget // T) * row_groups
 
-    # First-fit decreasing (stable on the datum index, so packing is deterministic).
-    order = sorted((i for i in range(len(datums)) if lengths[i] > 0), key=lambda i: (-lengths[i], i))
-    free: list[int] = []
-    nseg: list[int] = []
+    rows_of, free = first_fit_decreasing(lengths, T)
+    nseg = [0] * len(free)
+    used = [0] * len(free)
     where: dict[int, tuple[int, int, int]] = {}
-    for i in order:
-        row = next((r for r, f in enumerate(free) if f >= lengths[i]), None)
-        if row is None:
-            free.append(T)
-            nseg.append(0)
-            row = len(free) - 1
+    for i, row in rows_of:  # placement order
         nseg[row] += 1  # sequences sit left to right in placement order, so ids rise along the row
-        where[i] = (row, T - free[row], nseg[row])
-        free[row] -= lengths[i]
+        where[i] = (row, used[row], nseg[row])
+        used[row] += lengths[i]
 
     n_micro = max(1, -(-len(free) // rows_per_micro))
     shape = (n_micro * rows_per_micro, T)

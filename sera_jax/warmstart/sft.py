@@ -40,7 +40,7 @@ from sera_jax.assembly.tokenizer import ASSETS, BUILTIN, BUILTIN_PREFIX, resolve
 from sera_jax.config import check_mesh
 from sera_jax.model import init_params, load_pretrained, save_pretrained
 from sera_jax.parallel.mesh import make_mesh
-from sera_jax.rl.batch import bucket_length, pack_datums
+from sera_jax.rl.batch import bucket_length, first_fit_decreasing, pack_datums
 from sera_jax.rl.datums import Datum
 from sera_jax.rl.losses import StepConfig
 from sera_jax.rl.optim import OptimConfig, make_optimizer
@@ -139,23 +139,10 @@ def _import_shipped(cfg: Any, ck: Any, tok_path: str, directory: Path) -> None:
     ck.wait()
 
 
-def _ffd_rows(lengths: Sequence[int], row_len: int) -> int:
-    """Returns the rows of ``row_len`` positions that first-fit decreasing packs ``lengths`` into, as ``pack_datums``
-    does."""
-    free: list[int] = []
-    for n in sorted(lengths, reverse=True):
-        row = next((r for r, f in enumerate(free) if f >= n), None)
-        if row is None:
-            free.append(row_len)
-            row = len(free) - 1
-        free[row] -= n
-    return len(free)
-
-
 def _batches_by_length(datums: Sequence[Datum], token_budget: int, steps: int, seed: int,
                        buckets: Sequence[int]):
     """Yields ``steps`` lists of datums, each from one length bucket and filling at most one micro-batch of it
-    (``token_budget // T`` rows of T positions, packed as ``pack_datums`` packs): every epoch shuffles each bucket's
+    (``token_budget // T`` rows of T positions, by ``pack_datums``' first fit decreasing): every epoch shuffles each bucket's
     datums, cuts them into such batches and shuffles the batches of all buckets together. A short datum then costs
     a short row's attention instead of sharing an update (and its padding) with the longest one."""
     rng = random.Random(seed)
@@ -173,7 +160,7 @@ def _batches_by_length(datums: Sequence[Datum], token_budget: int, steps: int, s
             rng.shuffle(group)
             rows, batch, lengths = max(1, token_budget // T), [], []
             for d in group:
-                if batch and _ffd_rows(lengths + [len(d.tokens) - 1], T) > rows:
+                if batch and len(first_fit_decreasing(lengths + [len(d.tokens) - 1], T)[1]) > rows:
                     epoch.append(batch)
                     batch, lengths = [], []
                 batch.append(d)
