@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from envs_py.sandbox import CellResult, Limits, Sandbox
+from envs_py.sandbox import CellResult, Limits, Sandbox, Zygote
 from envs_py.textcraft import TextCraftSession, load_tasks
 
 LIMITS = Limits(cpu_s=1.0, wall_s=2.0, grace_s=1.0, memory_mb=512, output_chars=4000)
@@ -28,7 +28,8 @@ def run(loop, coro):
     return loop.run_until_complete(coro)
 
 
-def test_cells_namespace_display_and_tools(loop):
+@pytest.mark.parametrize("zygote", [True, False], ids=["forked", "own-interpreter"])
+def test_cells_namespace_display_and_tools(loop, zygote):
     calls = []
 
     def handler(name, args, kwargs):
@@ -36,7 +37,8 @@ def test_cells_namespace_display_and_tools(loop):
         return {"echo": [name, len(args)]}
 
     async def main():
-        sb = Sandbox(["craft"], [], LIMITS)
+        sb = Sandbox(["craft"], [], LIMITS, zygote=zygote)
+        assert sb.zygote == (zygote and Zygote.available())
         info = await sb.start()
         assert info["seccomp"] is True or os.uname().machine != "x86_64"
         assert info["uid_dropped"] == (os.getuid() == 0)
@@ -56,6 +58,44 @@ def test_cells_namespace_display_and_tools(loop):
     assert "ZeroDivisionError: division by zero" in r[9].output and "Cell In[10], line 1" in r[9].output
     assert not r[9].ok and r[10].output == "41\n"  # an exception keeps the namespace
     assert r[11].output == "4.0 Counter({'a': 2, 'b': 1})\n"  # whitelisted modules import
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not Zygote.available(), reason="the zygote needs Linux pidfds (os.pidfd_open)")
+def test_sandboxes_are_forks_of_one_zygote_each_its_own(loop):
+    def noop(*a):
+        return None
+
+    async def main():
+        sbs = [Sandbox([], [], LIMITS) for _ in range(3)]
+        drawn = [(await sb.run_cell("import random\nx = random.getrandbits(64)\nx", noop)).output for sb in sbs]
+        zygote = Zygote.shared()
+        parents = [_parent(sb.pid) for sb in sbs]
+        locked = [sb.info for sb in sbs]
+        sbs[0].kill()  # one sandbox killed (through its pidfd): the others keep their namespaces
+        kept = [(await sb.run_cell("x", noop)).output for sb in sbs[1:]]
+        zygote.proc.kill()  # the zygote dies: its forks die with it, and the next cell starts over on a new one
+        zygote.proc.wait()
+        sbs[1].proc.wait(timeout=10)
+        lost = await sbs[1].run_cell("x", noop)
+        again = await sbs[1].run_cell("y = 5\ny", noop)
+        new_zygote = Zygote.shared()
+        new_parent = _parent(sbs[1].pid)
+        for sb in sbs:
+            await sb.close()
+        return drawn, zygote, parents, locked, kept, lost, again, new_zygote, new_parent
+
+    drawn, zygote, parents, locked, kept, lost, again, new_zygote, new_parent = run(loop, main())
+    assert len(set(drawn)) == 3  # each fork reseeded: no shared random stream
+    assert parents == [zygote.proc.pid] * 3 and all(p != os.getpid() for p in parents)
+    assert all(i["seccomp"] is True or os.uname().machine != "x86_64" for i in locked)
+    assert all(i["uid_dropped"] == (os.getuid() == 0) for i in locked)
+    assert kept == drawn[1:]
+    assert lost.restarted and "NameError" in lost.output and again.output == "5\n"
+    assert new_zygote is not zygote and new_parent == new_zygote.proc.pid
 
 
 def test_top_level_await_and_subagent_time_not_counted(loop):
