@@ -139,8 +139,15 @@ def main() -> None:
                     "issue #34 (the engine is warmed up after it, before the replay)")
     ap.add_argument("--no-device-stops", action="store_true", help="rows stop only on the host's stop-string check "
                     "(a round late, decoding past the stop), as before issue #34")
+    ap.add_argument("--dispatch-ahead", choices=("yes", "no"), default=None, help="EngineConfig.dispatch_ahead "
+                    "for both sides (default: the engine's)")
+    ap.add_argument("--no-zygote", action="store_true", help="each sandbox its own interpreter, as before issue #34 "
+                    "(SERA_SANDBOX_ZYGOTE=0; sandboxes otherwise fork from one pre-imported process)")
+    ap.add_argument("--chunk-steps", type=int, default=None, help="EngineConfig.chunk_steps for both sides")
     ap.add_argument("args", nargs="*", help="config files and a.b=c overrides (default: the tiny default)")
     args = ap.parse_args()
+    if args.no_zygote:
+        os.environ["SERA_SANDBOX_ZYGOTE"] = "0"
 
     import jax
 
@@ -158,6 +165,10 @@ def main() -> None:
     engine_cfg = eval_engine_config(cfg, policy.model_cfg, dtype)
     if args.no_device_stops:
         engine_cfg = dataclasses.replace(engine_cfg, max_stop_seqs=0)
+    if args.chunk_steps is not None:
+        engine_cfg = dataclasses.replace(engine_cfg, chunk_steps=args.chunk_steps)
+    if args.dispatch_ahead is not None:
+        engine_cfg = dataclasses.replace(engine_cfg, dispatch_ahead=args.dispatch_ahead == "yes")
     engine = Engine(policy.model_cfg, policy.params, engine_cfg,
                     tokenizer=policy.tokenizer, seed=cfg.train.seed)
     rate = matmul_rate(policy.model_cfg)
@@ -215,6 +226,8 @@ def main() -> None:
             "traces_after_warmup": int(eff["traces"]), "compiles_after_warmup": int(eff["compiles"]),
             "engine_compiles_after_warmup": int(eff.get("engine_compiles", 0)),
             "warmup": int(not args.no_warmup), "device_stops": int(not args.no_device_stops),
+            "dispatch_ahead": int(engine_cfg.dispatch_ahead), "chunk_steps": engine_cfg.chunk_steps,
+            "zygote": int(not args.no_zygote),
             "stop_unconfirmed": int(job.get("stop_unconfirmed", 0)), "matmul_gflops": round(rate / 1e9)}.items()))
         print(json.dumps({"job": job, "replay": rdelta}), file=sys.stderr)
     finally:

@@ -11,8 +11,12 @@ Usage::
 A background driver thread owns the device loop, so the event loop (agents, env RPCs) keeps running while the device
 decodes. Each round it admits waiting requests, dispatches up to ``EngineConfig.prefill_calls`` prefill calls and
 the decode chunks (a jitted ``lax.while_loop`` each; rows of very different context lengths may go in separate chunks,
-see ``EngineConfig.decode_groups``), and only then parses the previous round's outputs: the device never waits for the
-host's parsing. Cancelling the awaiting coroutine frees the request's slot and blocks.
+see ``EngineConfig.decode_groups``). By default it waits for a round to end and parses it before dispatching the next,
+so the rows that finished free their slots and the turns their agents sent meanwhile join at once, and hands the
+finished turns back only after that dispatch, so their agents' host work overlaps the device's round
+(``EngineConfig.dispatch_ahead`` dispatches the next round before parsing the last instead: the device never waits
+for the host, and agents wait a round longer). Cancelling the awaiting coroutine frees the request's slot and
+blocks.
 
 Parameter layout: the sampler keeps its own copy of the weights in ``EngineConfig.dtype`` laid out by ``rules``
 (default ``SAMPLE_RULES``: a replica per ``data`` group, tensor-parallel over ``tensor``). With ``mesh=None`` the
@@ -60,24 +64,30 @@ class DeviceFunctions:
     replicated: NamedSharding
 
 
-@functools.lru_cache(maxsize=16)
 def device_functions(cfg: Qwen3Config, config: EngineConfig, mesh: Mesh, rules: Rules = SAMPLE_RULES
                      ) -> DeviceFunctions:
     """Returns the jitted prefill / start / decode of an engine with sampler config ``cfg`` (its compute dtype) on
     ``mesh``: the pool and the row state are donated and keep their layouts. Shared by ``Engine`` and the
     deviceless compile (``profiling.aot``), which lowers them for a described GPU.
 
-    Memoised: engines of the same sizes on the same device (the tiny default's evaluations before and after
-    training) share one set of jitted functions, so a shape traced for one is never traced again for the next."""
+    Memoised on what the functions depend on: engines on the same device with the same block size, chunk length
+    and compiler options (the tiny default's evaluations before and after training, engines differing only in
+    their host-side scheduling) share one set of jitted functions, so a shape traced for one is never traced again
+    for the next."""
+    return _device_functions(cfg, config.block_size, config.chunk_steps, config.compiler_options, mesh, rules)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_functions(cfg: Qwen3Config, block_size: int, chunk_steps: int, compiler_options: tuple, mesh: Mesh,
+                      rules: Rules) -> DeviceFunctions:
     pool_sh = pool_sharding(mesh, rules)
     pool_shs = {"k": pool_sh, "v": pool_sh}
-    opts = dict(config.compiler_options) or None
+    opts = dict(compiler_options) or None
     rep = NamedSharding(mesh, PartitionSpec())
-    prefill_fn = jax.jit(functools.partial(prefill, cfg=cfg, block_size=config.block_size), donate_argnums=(1,),
+    prefill_fn = jax.jit(functools.partial(prefill, cfg=cfg, block_size=block_size), donate_argnums=(1,),
                          out_shardings=(pool_shs, rep), compiler_options=opts)
     start_fn = jax.jit(start_rows, donate_argnums=(0,), out_shardings=(rep, rep, rep, rep), compiler_options=opts)
-    decode_fn = jax.jit(functools.partial(decode_chunk, cfg=cfg, block_size=config.block_size,
-                                          steps=config.chunk_steps),
+    decode_fn = jax.jit(functools.partial(decode_chunk, cfg=cfg, block_size=block_size, steps=chunk_steps),
                         donate_argnums=(1, 2), out_shardings=(pool_shs, rep, rep, rep), compiler_options=opts)
     return DeviceFunctions(prefill_fn, start_fn, decode_fn, pool_sh, rep)
 
@@ -208,9 +218,15 @@ class Engine:
             with activate(self.mesh, self.rules):
                 while not self._closed:
                     with self._lock:
+                        finished = []
+                        if not self.config.dispatch_ahead:
+                            # Wait for the last round and parse it first: its finished rows free their slots and
+                            # the turns that arrived meanwhile are admitted into the very next round.
+                            for rec in pending:
+                                finished += self._parse(rec)
+                            pending = []
                         self._drain_inbox()
                         dispatched = self._dispatch_round()
-                        finished = []
                         for rec in pending:
                             finished += self._parse(rec)
                         pending = dispatched

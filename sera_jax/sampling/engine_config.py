@@ -79,6 +79,13 @@ class EngineConfig:
     chunk_steps: int = 16  # decode steps per device call
     decode_groups: int = 1  # decode calls per round at most, each over rows of similar context length
     prefill_calls: int = 1  # prefill calls per round at most (each up to max_prefill_batch rows)
+    # False (default): the host parses round k as soon as it ends, then dispatches round k+1 with the finished rows'
+    # slots freed and the turns that arrived during round k admitted; the finished turns are handed back after that
+    # dispatch, so their agents' host work overlaps round k+1. The device waits for the parse and the dispatch (~1-2%
+    # of a round here). True: round k+1 is dispatched before round k is parsed, so the device never waits, but a turn
+    # that ends in round k is known only once round k+1 is queued and its agent's next turn waits a round longer; on
+    # agent trees that cost more than it saved (issue #34: tools/bench_job.py --dispatch-ahead yes).
+    dispatch_ahead: bool = False
     max_prefill_len: int = 2048  # tokens of one request per prefill call (longer prompts go in pieces)
     max_prefill_batch: int = 8
     max_prefill_tokens: int = 8192  # rows × padded length of one prefill call

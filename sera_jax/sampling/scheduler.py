@@ -9,9 +9,9 @@ case up front means a running sequence never runs out of memory mid-turn (no pre
 does not fit waits, and the queue stays in order. A request whose prefix is being computed by this very round waits
 one round (``BlockManager`` pending blocks) and then reuses it instead of computing it twice.
 
-Pipelining. The driver dispatches call k+1 before parsing call k, so results are matched to requests through the
-slot snapshot taken at dispatch, and a row the host retired may still produce tokens for one more chunk: they are
-dropped. Device calls run in dispatch order and the pool threads through all of them, so a block freed here is
+Pipelining. The driver may dispatch call k+1 before parsing call k (``EngineConfig.dispatch_ahead``; by default it
+parses first), so results are matched to requests through the slot snapshot taken at dispatch, and a row the host
+retired may still produce tokens for one more chunk: they are dropped. Device calls run in dispatch order and the pool threads through all of them, so a block freed here is
 reused only by calls that run after every in-flight write to it.
 """
 

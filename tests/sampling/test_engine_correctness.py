@@ -164,3 +164,35 @@ def test_decode_split_by_context_length_computes_the_same_tokens(cfg, params, re
     widths = {w for (_, w), _ in shapes}
     assert widths == {4, 16}, shapes  # the short rows got the narrow table, the long ones the wide one
     assert all(live <= b for (b, _), live in shapes)
+
+
+def test_dispatching_ahead_or_after_parsing_samples_the_same_tokens(cfg, params, engine):
+    """``dispatch_ahead`` changes only when the host learns of finished rows, never what a row samples: agents of
+    several chained turns (each prompt extending the last prompt and its completion) get the same tokens and
+    logprobs either way, and the second engine reuses the first one's compiled device functions."""
+    import asyncio
+
+    assert not engine.config.dispatch_ahead  # the default: parse a round before dispatching the next
+    compiled = engine.compile_count()
+    ahead = Engine(cfg, params, engine_config(dispatch_ahead=True), tokenizer=engine.tokenizer, seed=7)
+    assert ahead._decode is engine._decode and ahead.compile_count() == compiled
+
+    async def agents(eng):
+        async def agent(i, prompt):
+            out = []
+            for turn in range(3):
+                r = await eng.generate(prompt, SamplingParams(max_new_tokens=6 + 5 * ((i + turn) % 3), temperature=1.0),
+                                       key=jax.random.key(100 * i + turn))
+                out.append(r)
+                prompt = prompt + list(r.token_ids) + [7, 8, 9][: 1 + i % 3]
+            return out
+        return await asyncio.gather(*(agent(i, p) for i, p in enumerate(random_prompts(31, 6, 5, 40))))
+
+    try:
+        after_parse, dispatched_ahead = run(agents(engine)), run(agents(ahead))
+    finally:
+        ahead.close()
+    for a_turns, b_turns in zip(after_parse, dispatched_ahead):
+        for a, b in zip(a_turns, b_turns):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
