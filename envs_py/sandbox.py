@@ -91,6 +91,14 @@ class Zygote:
                 cls._shared = z = Zygote()
             return z
 
+    @classmethod
+    def discard(cls) -> None:
+        """Stops this process's zygote (the next ``shared()`` starts a new one); its forks die with it."""
+        with cls._shared_lock:
+            z, cls._shared = cls._shared, None
+            if z is not None and z.owner == os.getpid():
+                z.close()
+
     def fork(self, config: dict) -> tuple["Forked", int, int]:
         """Returns a new sandbox process for ``config`` and the host's ends of its stdin and stdout pipes."""
         to_child, to_host = os.pipe(), os.pipe()
@@ -290,7 +298,11 @@ class Sandbox:
             return self.info
         loop = asyncio.get_running_loop()
         if self.zygote:
-            self.proc, stdin, stdout = Zygote.shared().fork(self.config)
+            try:
+                self.proc, stdin, stdout = Zygote.shared().fork(self.config)
+            except OSError:  # the zygote died since it was last checked: start a new one, once
+                Zygote.discard()
+                self.proc, stdin, stdout = Zygote.shared().fork(self.config)
             stdin, stdout = os.fdopen(stdin, "wb", buffering=0), os.fdopen(stdout, "rb", buffering=0)
         else:
             self.proc = subprocess.Popen(

@@ -84,11 +84,16 @@ def test_sandboxes_are_forks_of_one_zygote_each_its_own(loop):
         again = await sbs[1].run_cell("y = 5\ny", noop)
         new_zygote = Zygote.shared()
         new_parent = _parent(sbs[1].pid)
-        for sb in sbs:
+        new_zygote.sock.close()  # a zygote lost between the liveness check and the fork request: replaced, once
+        fresh = Sandbox([], [], LIMITS)
+        fresh_out = (await fresh.run_cell("6 * 7", noop)).output
+        third = Zygote.shared()
+        for sb in sbs + [fresh]:
             await sb.close()
-        return drawn, zygote, parents, locked, kept, lost, again, new_zygote, new_parent
+        return drawn, zygote, parents, locked, kept, lost, again, new_zygote, new_parent, fresh_out, third
 
-    drawn, zygote, parents, locked, kept, lost, again, new_zygote, new_parent = run(loop, main())
+    drawn, zygote, parents, locked, kept, lost, again, new_zygote, new_parent, fresh_out, third = run(loop, main())
+    assert fresh_out == "42\n" and third is not new_zygote
     assert len(set(drawn)) == 3  # each fork reseeded: no shared random stream
     assert parents == [zygote.proc.pid] * 3 and all(p != os.getpid() for p in parents)
     assert all(i["seccomp"] is True or os.uname().machine != "x86_64" for i in locked)
