@@ -137,8 +137,17 @@ class Forked:
     def __init__(self, pid: int, pidfd: int | None):
         self.pid, self.pidfd, self.returncode = pid, pidfd, None
 
+    def _exited(self, timeout: float | None) -> bool:
+        """Waits up to ``timeout`` seconds (None: for ever) for the process to exit; returns whether it has (a pidfd
+        turns readable then; ``select.poll``, since fds past 1024 are common with hundreds of agents)."""
+        if self.pidfd is None:
+            return True
+        p = select.poll()
+        p.register(self.pidfd, select.POLLIN)
+        return bool(p.poll(None if timeout is None else int(timeout * 1000)))
+
     def poll(self) -> int | None:
-        if self.returncode is None and (self.pidfd is None or select.select([self.pidfd], [], [], 0)[0]):
+        if self.returncode is None and self._exited(0):
             self._ended()
         return self.returncode
 
@@ -156,7 +165,7 @@ class Forked:
                 pass
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.pidfd is not None and not select.select([self.pidfd], [], [], timeout)[0]:
+        if not self._exited(timeout):
             raise subprocess.TimeoutExpired("sandbox", timeout)
         self._ended()
         return self.returncode

@@ -103,6 +103,32 @@ def test_sandboxes_are_forks_of_one_zygote_each_its_own(loop):
     assert new_zygote is not zygote and new_parent == new_zygote.proc.pid
 
 
+@pytest.mark.skipif(not Zygote.available(), reason="the zygote needs Linux pidfds (os.pidfd_open)")
+def test_a_forked_sandbox_is_watched_at_descriptors_past_1024(loop):
+    """Hundreds of agents hold thousands of descriptors: the pidfd is polled, not select()ed (limited to 1024)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2100:
+        pytest.skip("the hard descriptor limit is under 2100")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2100), hard))
+    try:
+        async def main():
+            sb = Sandbox([], [], LIMITS)
+            out = (await sb.run_cell("1 + 1", lambda *a: None)).output
+            os.dup2(sb.proc.pidfd, 2050)
+            os.close(sb.proc.pidfd)
+            sb.proc.pidfd = 2050
+            alive = sb.proc.poll()
+            await sb.close()
+            return out, alive, sb.proc
+
+        out, alive, proc = run(loop, main())
+        assert out == "2\n" and alive is None and proc is None
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_top_level_await_and_subagent_time_not_counted(loop):
     async def slow_child(targets):
         await asyncio.sleep(1.5)
