@@ -122,12 +122,17 @@ class Zygote:
 
     def close(self) -> None:
         self.sock.close()
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        _kill_and_wait(self.proc)
+
+
+def _kill_and_wait(proc: "subprocess.Popen | Forked") -> None:
+    """Kills ``proc`` if it still runs and waits up to 5 s for it to end."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 class Forked:
@@ -333,12 +338,7 @@ class Sandbox:
     def kill(self) -> None:
         """Kills the process (if any); the next cell starts a fresh one."""
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            _kill_and_wait(self.proc)
             if self._wtransport is not None:
                 self._wtransport.close()
             self.proc = None
