@@ -7,7 +7,7 @@ child of a delegation forked into ``method.branching_factor`` branches on copies
 rubric and the branch scores, then the judge's label of each branch of a group with a valid rubric), the others as
 in the execution stage (a rubric before every child, a score after it, then the judge's label of every sub-agent —
 the labels the RAO family is rewarded by). Kept (``demos.demo_datums``): the turns of every agent that played the
-oracle's plan and was not sabotaged, every rubric, score and judge call (the oracle's scores and labels are the true
+oracle's rule and was not sabotaged, every rubric, score and judge call (the oracle's scores and labels are the true
 outcomes, sabotaged children's 0 included), plus first-turn datums (``first_turn_datums``) on the tasks of
 ``warmstart.copy_task_set`` (else the demo tasks).
 """
@@ -28,17 +28,17 @@ from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.records import Turn
 from sera_jax.agents.runtime import run_trees
 from sera_jax.agents.subagent_judge import DeferredJudge, SubagentJudge
-from sera_jax.agents.textworld_prompt import compact_system_prompt, compact_task_message
-from sera_jax.agents.truncation import build_prompt
+from sera_jax.agents.textworld_prompt import compact_feedback, compact_system_prompt, compact_task_message
+from sera_jax.agents.truncation import build_prompt, continue_prompt
 from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
-from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, goal_text, plan, plan_reply
+from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, goal_text, next_action
 
 ENV = "textworld_sync"
 # Bumped whenever the oracle or the choice of demonstrations changes what a TextWorld recipe builds.
-TEXTWORLD_DEMO_VERSION = 1
+TEXTWORLD_DEMO_VERSION = 2
 
 
 def _judge(cfg: Any, generator: Any, tokenizer: Any) -> SubagentJudge:
@@ -49,20 +49,72 @@ def _judge(cfg: Any, generator: Any, tokenizer: Any) -> SubagentJudge:
                          concurrency=cfg.judge.concurrency)
 
 
+def _first_messages(cfg: Any, text: str, depth: int, observation: str, valid: list[str]) -> list[dict]:
+    """Returns the messages of a compact TextWorld agent's first turn, as ``TextWorldEpisode.start`` builds them."""
+    can_delegate = depth < cfg.env.max_depth
+    return [{"role": "system", "content": compact_system_prompt(can_delegate)},
+            {"role": "user", "content": compact_task_message(text, observation, valid)}]
+
+
 def _first_prompt(cfg: Any, tokenizer: Any, text: str, depth: int, observation: str, valid: list[str]) -> list[int]:
     """Returns the prompt ids of a compact TextWorld agent's first turn, as ``TextWorldEpisode.start`` builds it."""
-    can_delegate = depth < cfg.env.max_depth
-    messages = [{"role": "system", "content": compact_system_prompt(can_delegate)},
-                {"role": "user", "content": compact_task_message(text, observation, valid)}]
+    messages = _first_messages(cfg, text, depth, observation, valid)
     return list(build_prompt(tokenizer, messages, cfg.rollout.max_prompt_tokens).ids)
+
+
+def _turn(prompt: Sequence[int], reply: str, tokenizer: Any, index: int) -> Turn:
+    completion = list(tokenizer.encode(reply)) + [tokenizer.im_end_id]  # as the engine ends a reply
+    return Turn(index=index, prompt_ids=list(prompt), completion_ids=completion, logprobs=[0.0] * len(completion),
+                policy_version=0, completion_id=None)
+
+
+def _sub_agent_turns(cfg: Any, tokenizer: Any, oracle: TextWorldOracle, world: Any, goal: str,
+                     key: str) -> list[Turn]:
+    """Returns a sub-agent's first turn on ``world`` as it stands (the root's view: a sub-agent starts where its parent
+    is) and, when that turn acted, its second, whose prompt continues the first as the runtime's does: the reply's
+    tokens, then that action's observation and the valid actions after it."""
+    observation, infos = world.observe_full(ROOT)
+    messages = _first_messages(cfg, goal, 1, observation, list(infos["validActions"]))
+    first = build_prompt(tokenizer, messages, cfg.rollout.max_prompt_tokens)
+    reply = oracle.agent_reply(tokenizer.decode(list(first.ids)), key, f"{ROOT}/first", 1, -1)
+    turns = [_turn(first.ids, reply, tokenizer, 0)]
+    command = reply[len("<action>"):-len("</action>")] if reply.startswith("<action>") else None
+    if command is None or world.success():
+        return turns
+    after = world.step(ROOT, command).observation
+    _, infos = world.observe_full(ROOT)
+    messages += [{"role": "assistant", "content": reply},
+                 {"role": "user", "content": compact_feedback(after, list(infos["validActions"]))}]
+    second = continue_prompt(tokenizer, first, turns[0].completion_ids, messages, cfg.rollout.max_prompt_tokens)
+    if second is None or world.success():
+        return turns
+    reply2 = oracle.agent_reply(tokenizer.decode(list(second.ids)), key, f"{ROOT}/first", 1, -1)
+    return turns + [_turn(second.ids, reply2, tokenizer, 1)]
+
+
+def _greedy_states(world, limit: int) -> list[tuple[str, list[str]]]:
+    """Returns the (observation, valid actions) the root sees along the oracle rule's solo solution of ``world``
+    (reset), each before its action, at most ``limit`` of them, stopping before the world is solved."""
+    world.reset()
+    states: list[tuple[str, list[str]]] = []
+    while len(states) < limit and not world.success():
+        observation, infos = world.observe_full(ROOT)
+        valid = list(infos["validActions"])
+        states.append((observation, valid))
+        world.step(ROOT, next_action(valid, observation))
+    return states
 
 
 def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: TextWorldOracle, n: int,
                       seed: int) -> list[Datum]:
-    """Returns ``n`` first-turn datums on fresh worlds of the given tasks: half are roots (the oracle's own choice:
-    a delegation copying every dish into a goal, ``delegate_prob`` of the time, else its plan of every dish; a closed
-    gate opened first), half are sub-agents given one dish's goal (its plan and first step). Turning a task into a
-    delegation or a plan is the copying a small model is slowest to learn; these are cheap (one turn each)."""
+    """Returns ``n`` first-turn datums of the tasks: half are roots on a fresh world (the oracle's own choice: a
+    delegation copying every dish into a goal, ``delegate_prob`` of the time, else its first action; a closed gate
+    opened first), half are sub-agents given one dish's goal on a world the oracle's rule has played for a random
+    number of steps (a sub-agent starts where and when its parent is; its reply is the rule's next action, or its
+    finish once its dish is eaten), followed by its second turn (the first one's action taken, its feedback, the
+    next reply), so the action is read off the end of the valid-action list both before the task text (a first
+    message) and at the end of the prompt (every later one). Turning a task into a delegation, and reading the action off the end of the
+    valid-action list, are what a small model is slowest to learn; these are cheap (one turn each)."""
     rng = random.Random(seed)
     out: list[Datum] = []
     while len(out) < n:
@@ -74,16 +126,16 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
         if rng.random() < 0.5 or not specs or cfg.env.max_depth < 1:
             prompt = _first_prompt(cfg, tokenizer, task.goal, 0, observation, valid)
             reply = oracle.agent_reply(tokenizer.decode(prompt), f"first{len(out)}", ROOT, 0, 0)
-            depth = 0
+            turns, depth = [_turn(prompt, reply, tokenizer, 0)], 0
         else:
+            played = len(_greedy_states(make_world(task, cfg.env.rules), 40))
+            world.reset()
+            for _ in range(rng.randrange(max(played, 1))):  # the rule's solo play, stopped at a random step
+                o, i = world.observe_full(ROOT)
+                world.step(ROOT, next_action(list(i["validActions"]), o))
             dish, spec = specs[rng.randrange(len(specs))]
-            goal = goal_text(dish, spec)
-            prompt = _first_prompt(cfg, tokenizer, goal, 1, observation, valid)
-            reply, depth = plan_reply(plan([(dish, spec)], valid, observation)), 1
-        completion = list(tokenizer.encode(reply)) + [tokenizer.im_end_id]  # as the engine ends a reply
-        turn = Turn(index=0, prompt_ids=prompt, completion_ids=completion, logprobs=[0.0] * len(completion),
-                    policy_version=0, completion_id=None)
-        (tokens, mask, logprobs, versions), = merge_turns([turn])
+            turns, depth = _sub_agent_turns(cfg, tokenizer, oracle, world, goal_text(dish, spec), f"first{len(out)}"), 1
+        (tokens, mask, logprobs, versions), = merge_turns(turns)
         out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
                          scalar=1.0, objective="execution", traj_depth=depth, traj_start=0, node_id="first"))
     return out

@@ -4,26 +4,26 @@ TextWorld warm start's teacher, the twin of ``oracle.TextCraftOracle``).
 ``TextWorldOracle`` is a ``ScriptedGenerator`` script (``script(info, prompt_ids) -> reply text``). Run through the
 real runtime (the shared world, concurrent sub-agents, the rubric coordinator, counterfactual branches, the
 ``policy_frozen`` judge's requests), it produces exactly the token streams the policy will see and write. It decides
-from the prompt alone — the agent's task, the current observation and valid actions, its own last reply (compact
-prompts, ``agents/textworld_prompt.py``) — plus one fact of the world's vocabulary a policy learns from its demos:
-where an ingredient starts (the pantry's four, the kitchen for the rest; ``catalog.INGREDIENTS``).
+from the prompt alone: the agent's task (its first message) and its last message (the current observation and
+valid actions).
 
-An agent writes a plan and follows it, because a tiny model learns to copy far more easily than to cross-reference
-its goal with the valid actions at every turn (a warm start taught to choose reactively sampled plausible but
-ungrounded actions, 0 of 17 held-out tasks solved):
+An agent acts reactively on what its last message shows, by a rule a tiny model can read off the prompt's last
+lines (the valid-action list ends with the actions that make progress: ``take`` an ingredient, then the cuts and
+cooks of what the shared inventory holds, then ``prepare`` and ``eat`` a dish):
 
-- its first acting turn writes the whole plan — for each dish, ingredient by ingredient in the order its task lists
-  them, a walk when the ingredient starts in another room, ``take``, then each required cut or cook in the order the
-  task names them, then ``prepare`` and ``eat`` the dish — one step a line after ``Plan:``, and acts its first step
-  (``<action>a</action>``); every later turn copies the previous plan without its first step and acts the next one,
-  until the plan is empty and the agent finishes. A plan made after other agents acted (the root's, once its
-  sub-agents are back) starts from what the observation shows: ingredients on the counter are skipped, one in the
-  shared inventory gets only the cuts and cooks its valid actions still offer, an eaten dish is skipped;
+- a closed gate is opened first (``open door``); otherwise, when the list's last action makes progress, it is the
+  reply (``<action>cook red potato in oven</action>``); otherwise nothing is left to do in this room and the agent
+  walks to the other one where ingredients start (the kitchen or the pantry). Every action the reference world rules
+  offer is a required one, so greedy progress finishes every dish; a sub-agent helps with whatever is offered and
+  finishes (``<finish>Prepared and ate dish_1.</finish>``) once its goal's dishes are eaten. (Two earlier teachers
+  failed here: choosing among the valid actions by cross-referencing the goal at every turn, and writing the whole
+  plan once and copying it on — a 0.9M-parameter warm start solved 0 of 17 and 0 of 152 held-out tasks with them:
+  the plans it wrote from a goal were wrong, and the choices ungrounded);
 - the root opens a closed gate first (no agent then waits on it), and with probability ``delegate_prob`` (drawn once
   per tree) splits the task: one sub-agent per dish with ``<delegate>{"delegations": [...]}`` whose goal copies that
   dish's ingredient lines (``Prepare and eat dish_1: white onion (diced, grilled), salt (raw, uncut), …``); when its
-  sub-agents return without having finished every dish, it plans what is left and does it (otherwise the world is
-  solved and the root's loop ends). Without delegating, it plans every dish itself;
+  sub-agents return without having finished every dish, it carries on by the same rule (otherwise the world is
+  solved and the root's loop ends). Without delegating, it does every dish itself;
 - a sub-agent is *sabotaged* with probability ``fail_prob``: after a random number (0-5) of correct turns it finishes
   with the message of a finished dish although its dish is not eaten — the failures the scorer and the judge must
   learn to score 0 (their prompts show the final dish progress and the replies);
@@ -39,9 +39,8 @@ import hashlib
 import json
 import random
 import re
-from typing import Any, Sequence
-
-from envs_py.textworld_sync import catalog
+from collections.abc import Sequence
+from typing import Any
 
 _MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?=<\|im_end\|>|<\|im_start\|>|\Z)", re.DOTALL)
 _STRUCTURED = re.compile(r"Dish (dish_\d+): prepare the following ingredients:\n((?:- [^\n]*(?:\n|$))+)")
@@ -49,9 +48,7 @@ _COARSE = re.compile(r"Dish (dish_\d+) uses: ([^\n]*?)\.?$", re.MULTILINE)
 _GOAL = re.compile(r"^Prepare and eat (dish_\d+): ([^\n]*?)\.?$", re.MULTILINE)
 _INGREDIENT = re.compile(r"\s*([^,(]+?)(?: \(([^)]*)\))?(?:,|$)")
 _PROGRESS = re.compile(r"- (dish_\d+): \d+/\d+ ingredients prepared, meal_prepared=(\w+), meal_eaten=(\w+)")
-_PLAN = re.compile(r"Plan:\n((?:[^\n<]+\n)+)<action>")
 _ROOM = re.compile(r"You are in the ([^\n]+)\.")
-_COUNTER = re.compile(r"Shared prepared counter: ([^\n]*)")
 _SECTION = re.compile(r"\[(Delegated SubAgent Task|Delegated Task|Goal)\]\n([^\n]*)")
 PREP_VERBS = ("chop ", "slice ", "dice ", "mince ", "cook ")
 VALID_HEADER = "# Valid Actions\n"
@@ -87,85 +84,25 @@ def goal_text(dish_id: str, spec: str) -> str:
     return f"Prepare and eat {dish_id}: {spec}."
 
 
-def home_room(name: str) -> str:
-    """Returns the room an ingredient starts in (its first source location's room; the kitchen for others)."""
-    entry = catalog.INGREDIENTS.get(name)
-    room = entry[0][0].split(".", 1)[0] if entry else "kitchen"
-    return room if room in catalog.SOURCE_ROOMS else "kitchen"
+def is_progress(action: str) -> bool:
+    """Whether ``action`` moves a dish on: taking an ingredient, a cut or a cook, preparing or eating a dish."""
+    return (action.startswith(("take ", "prepare ", "eat ", *PREP_VERBS)) and action != "take knife")
 
 
-def prep_object(action: str) -> str | None:
-    """Returns the ingredient a cut or cook command names (``dice X``, ``cook X on grill``), else None."""
-    if not action.startswith(PREP_VERBS):
-        return None
-    rest = action.split(" ", 1)[1]
-    if action.startswith("cook "):
-        rest = re.sub(r" (?:in \w+|on \w+)$", "", rest)
-    return rest
+def next_action(valid: Sequence[str], observation: str) -> str:
+    """Returns the greedy action (see the module docstring): ``open door`` while offered, else the last valid action
+    when it makes progress, else a walk to the other room where ingredients start."""
+    if "open door" in valid:
+        return "open door"
+    if valid and is_progress(valid[-1]):
+        return valid[-1]
+    room = (_ROOM.findall(observation) or ["kitchen"])[-1]
+    return "go to kitchen" if room == "pantry" else "go to pantry"
 
 
 def eaten_dishes(text: str) -> dict[str, bool]:
     """Returns {dish id: eaten} from the last dish-progress lines of ``text``."""
     return {d: e == "True" for d, _, e in _PROGRESS.findall(text)}
-
-
-def prepared_dishes(text: str) -> dict[str, bool]:
-    """Returns {dish id: meal prepared} from the last dish-progress lines of ``text``."""
-    return {d: p == "True" for d, p, _ in _PROGRESS.findall(text)}
-
-
-def prep_commands(name: str, preps: Sequence[str]) -> list[str]:
-    """Returns the cut and cook commands that give ``name`` its preparations, in the order they are named (raw and
-    uncut need none): ``dice X``, ``cook X on grill``, …"""
-    cuts, cooks = dict(catalog.CUTS), dict(catalog.COOKS)
-    out = []
-    for p in preps:
-        if p in cuts:
-            out.append(f"{cuts[p]} {name}")
-        elif p in cooks:
-            out.append(f"cook {name} {catalog.TOOL_PHRASE[cooks[p]]}")
-    return out
-
-
-def plan(specs: Sequence[tuple[str, str]], valid: Sequence[str], observation: str) -> list[str]:
-    """Returns the actions that finish the dishes of ``specs`` from the state the observation and valid actions show
-    (see the module docstring): per dish not yet eaten, per ingredient not yet on the counter, a walk to its room
-    when needed, ``take``, its cuts and cooks (only those still offered when it is already in the shared inventory);
-    then ``prepare`` (unless prepared) and ``eat``."""
-    counter = _COUNTER.findall(observation)
-    ready = {x.strip() for x in counter[-1].split(",")} if counter else set()
-    room = (_ROOM.findall(observation) or ["kitchen"])[-1]
-    eaten, prepared = eaten_dishes(observation), prepared_dishes(observation)
-    held: dict[str, list[str]] = {}
-    for a in valid:
-        if prep_object(a) is not None:
-            held.setdefault(prep_object(a), []).append(a)
-    out: list[str] = []
-    for dish, spec in specs:
-        if eaten.get(dish):
-            continue
-        if not prepared.get(dish):
-            for name, preps in ingredients(spec):
-                if name in ready:
-                    continue
-                if name in held:
-                    out += held[name]
-                    continue
-                target = home_room(name)
-                if target != room:
-                    out.append(f"go to {target}")
-                    room = target
-                out += [f"take {name}", *prep_commands(name, preps)]
-            out.append(f"prepare {dish}")
-        out.append(f"eat {dish}")
-    return out
-
-
-def plan_reply(actions: Sequence[str]) -> str:
-    """Returns a reply that states the remaining plan, one step a line, and acts its first step. Each step stands at
-    the start of a line, as in the valid-action list and in the action block, so it is the same tokens in all three:
-    following the plan is copying."""
-    return "Plan:\n" + "".join(f"{a}\n" for a in actions) + f"<action>{actions[0]}</action>"
 
 
 def finish_text(dishes: Sequence[str]) -> str:
@@ -252,12 +189,6 @@ class TextWorldOracle:
         elif rng.random() < self.fail_prob and turn == rng.randrange(6):
             self.sabotaged.add(key)
             return finish_text(dishes)  # claims the dish although it is not eaten
-        previous = next((c for r, c in reversed(msgs) if r == "assistant"), "")
-        following = _PLAN.findall(previous)
-        if following:  # copy the plan without the step just taken
-            rest = following[-1].splitlines()[1:]
-            return plan_reply(rest) if rest else finish_text(dishes)
-        if "open door" in valid:
-            return "<action>open door</action>"
-        steps = plan(specs, valid, observation)
-        return plan_reply(steps) if steps else finish_text(dishes)
+        if depth > 0 and dishes and all(eaten_dishes(observation).get(d) for d in dishes):
+            return finish_text(dishes)
+        return f"<action>{next_action(valid, observation)}</action>"

@@ -3,11 +3,11 @@ TextWorld-Sync agent sees and writes in the compact style.
 
 The corpus is what the policy meets: compact system prompts and first messages, the observations and valid actions
 along the oracle's single-agent and split solutions (``envs_py.textworld_sync.solver``) of generated tasks of every
-family and difficulty and of the official sample, the oracle's replies (plans and their copies, actions,
+family and difficulty and of the official sample, the oracle's replies (actions,
 delegations with their goals, finish messages), rubric, scoring and judge requests and replies, the sub-agent results
 block and the protocol's error texts. Pieces may span spaces, so each of the 22 ingredient names is one piece
-(``" block of cheese"``), the same in the task, the observation and a delegated goal, and a step at the start of a
-line (``take white onion``) is the same pieces in the valid-action list, a plan and an action block: copying is
+(``" block of cheese"``), the same in the task, the observation and a delegated goal, and an action at the start of
+a line (``take white onion``) is the same pieces in the valid-action list and in an action block: copying is
 copying tokens, and prompts take ~25% fewer tokens than with pieces cut at spaces. Built deterministically
 (sorted corpus, single-threaded trainer). The package ships the result (``assets/textworld_tiny.model``, 1,024
 pieces; ``python -m sera_jax.warmstart.textworld_tokenizer sera_jax/assets/textworld_tiny.model`` regenerates it,
@@ -28,17 +28,15 @@ from sera_jax.agents import judge as J
 from sera_jax.agents import rubric as Rb
 from sera_jax.agents import textworld_prompt as P
 from sera_jax.assembly.tokenizer import BUILTIN
-from sera_jax.warmstart.tokenizer import train_tiny_model
 from sera_jax.warmstart.textworld_oracle import (
     dish_specs,
     finish_text,
     goal_text,
     judge_text,
-    plan,
-    plan_reply,
     rubric_text,
     score_text,
 )
+from sera_jax.warmstart.tokenizer import train_tiny_model
 
 VOCAB_SIZE = 1024
 
@@ -72,8 +70,6 @@ def _task_texts(task, texts: list[str]) -> None:
     goals = [goal_text(d, s) for d, s in specs]
     delegate = f"<delegate>{json.dumps({'delegations': [{'goal': g} for g in goals]})}</delegate>"
     texts.append(delegate)
-    for steps in [plan(specs, valid, obs)] + [plan([s], valid, obs) for s in specs]:
-        texts += [plan_reply(steps[k:]) for k in range(len(steps))]  # a plan, then its copies without the first step
     for g, (d, _) in zip(goals, specs):
         texts += [g, P.compact_task_message(g, obs, valid), rubric_text(g), finish_text([d])]
         ctx = Rb.RubricContext(parent_goal=task.goal, metadata={}, parent_messages=[], parent_action=delegate,

@@ -28,10 +28,9 @@ from sera_jax.warmstart.textworld_oracle import (
     dish_specs,
     goal_text,
     ingredient_names,
+    is_progress,
     judge_text,
-    plan,
-    plan_reply,
-    prep_object,
+    next_action,
     rubric_text,
     score_text,
 )
@@ -80,27 +79,39 @@ def test_texts_parse():
     assert ingredient_names("white onion (diced, grilled), salt (raw, uncut), flour") == \
         ["white onion", "salt", "flour"]
     assert dish_specs("Dish dish_2 uses: salt, water.") == [("dish_2", "salt, water")]
-    assert prep_object("cook block of cheese in stove") == "block of cheese" and prep_object("take salt") is None
     assert parse_rubric(rubric_text(goal))[0]["success_gate"] == "dish_1 eaten"
     assert parse_score(score_text(True))[0].value == 1.0 and not parse_score(score_text(False))[0].success
     assert parse_judge_reply(judge_text(False, ["dish_1"]))[:2] == (False, "dish_1 not eaten")
 
 
-def test_a_plan_walks_takes_prepares_and_skips_what_is_done():
-    specs = [("dish_1", "salt (raw, uncut), white onion (grilled, diced)"), ("dish_2", "water (raw, uncut)")]
-    fresh = "You are in the kitchen.\nShared prepared counter: (empty)\n" \
-        "- dish_1: 0/2 ingredients prepared, meal_prepared=False, meal_eaten=False\n" \
-        "- dish_2: 0/1 ingredients prepared, meal_prepared=False, meal_eaten=False"
-    assert plan(specs, [], fresh) == ["go to pantry", "take salt", "go to kitchen", "take white onion",
-                                      "cook white onion on grill", "dice white onion", "prepare dish_1", "eat dish_1",
-                                      "take water", "prepare dish_2", "eat dish_2"]
-    # Later (a sub-agent came back): salt is ready, the onion is held and only its cut is still offered, dish_2 eaten.
-    later = fresh.replace("(empty)", "salt").replace("0/1 ingredients prepared, meal_prepared=False, meal_eaten=False",
-                                                     "1/1 ingredients prepared, meal_prepared=True, meal_eaten=True")
-    assert plan(specs, ["look around", "dice white onion"], later) == ["dice white onion", "prepare dish_1",
-                                                                        "eat dish_1"]
-    reply = plan_reply(["take salt", "eat dish_1"])
-    assert reply == "Plan:\ntake salt\neat dish_1\n<action>take salt</action>"
+def test_the_rule_opens_the_gate_takes_the_last_progress_action_else_walks():
+    kitchen, pantry = "You are in the kitchen.\nVisible objects: (none)", "You are in the pantry.\nVisible objects: salt"
+    start = ["look around", "inventory", "go to pantry", "move north", "take knife"]
+    assert next_action(start + ["take water"], kitchen) == "take water"
+    assert next_action(start + ["take water", "dice white onion", "prepare dish_1"], kitchen) == "prepare dish_1"
+    assert next_action(start + ["open door", "take water"], kitchen) == "open door"
+    assert next_action(start, kitchen) == "go to pantry"  # nothing left here but the knife (a no-op)
+    assert next_action(["look around", "go to kitchen", "move west"], pantry) == "go to kitchen"
+    assert [is_progress(a) for a in ("take knife", "take salt", "cook red potato in oven", "eat dish_2",
+                                     "go to pantry", "read cookbook")] == [False, True, True, True, False, False]
+
+
+def test_a_sub_agent_acts_until_its_dish_is_eaten_then_finishes(tok):
+    oracle = TextWorldOracle(tok, fail_prob=0.0)
+    goal = "Prepare and eat dish_1: salt (raw, uncut)."
+
+    def prompt(progress, valid):
+        return (f"<|im_start|>system\nYou are an agent.<|im_end|>\n<|im_start|>user\n# Observation\nYou are in "
+                f"the kitchen.\nDish progress:\n{progress}\n\n# Valid Actions\n" + "\n".join(valid) +
+                f"\n\n# Task\n{goal}<|im_end|>\n<|im_start|>assistant\n")
+
+    busy = "- dish_1: 0/1 ingredients prepared, meal_prepared=False, meal_eaten=False\n- dish_2: 0/2 ingredients " \
+        "prepared, meal_prepared=False, meal_eaten=False"
+    assert oracle.agent_reply(prompt(busy, ["look around", "take water"]), "t", "root/a", 1, 3) == \
+        "<action>take water</action>"  # another dish's ingredient: it helps
+    done = busy.replace("meal_prepared=False, meal_eaten=False", "meal_prepared=True, meal_eaten=True", 1)
+    assert oracle.agent_reply(prompt(done, ["look around", "take water"]), "t", "root/a", 1, 3) == \
+        "<finish>Prepared and ate dish_1.</finish>"
 
 
 def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok, tasks):
@@ -156,6 +167,34 @@ def test_demos_and_first_turns_are_what_the_runtime_sends(cfg, tok, tasks):
     roots = [d for d in first if d.traj_depth == 0]
     assert roots and all(tuple(d.tokens[:d.mask.index(1)]) in sent for d in roots)
     assert any('"delegations"' in tok.decode(list(d.tokens)) for d in roots)
+
+
+def test_sub_agent_first_turns_start_part_way_and_read_the_action_off_the_valid_list(cfg, tok, tasks):
+    """A sub-agent's first-turn datum starts on a world the rule has played part-way; when its first reply acts, its
+    second turn continues the prompt as the runtime does (the reply's tokens, that action's observation, the valid
+    actions after it), and both replies are the rule's action on the valid list their prompt ends with."""
+    import re
+
+    oracle = TextWorldOracle(tok, fail_prob=0.0)
+    subs = [d for d in first_turn_datums(cfg, tok, tasks, oracle, 40, seed=5) if d.traj_depth == 1]
+    remaining, two = set(), 0
+    for d in subs:
+        text = tok.decode(list(d.tokens))
+        parts = text.split("<|im_start|>assistant\n")
+        replies = [p.split("<|im_end|>", 1)[0] for p in parts[1:]]
+        trained = tok.decode([t for t, m in zip(d.tokens, d.mask) if m])
+        assert trained == "".join(r + "<|im_end|>" for r in replies)
+        steps = [int(x) for x in re.findall(r"Shared steps remaining: (\d+)", text)]
+        remaining.add(steps[0])
+        for prefix, reply in zip(parts, replies):
+            valid = prefix.rsplit("# Valid Actions\n", 1)[1].split("\n\n# Task", 1)[0]
+            valid = valid.split("<|im_end|>", 1)[0].split("\n# Task", 1)[0].splitlines()
+            observation = prefix.rsplit("You are in the ", 1)[1]
+            assert reply.startswith("<finish>") or reply == f"<action>{next_action(valid, 'You are in the ' + observation)}</action>"
+        if len(replies) == 2:
+            two += 1
+            assert steps[1] == steps[0] - 1  # the first action cost one shared step, and the feedback shows it
+    assert two >= len(subs) // 2 and len(remaining) > 3  # mostly two turns, from many different points of play
 
 
 def test_first_turns_come_from_their_own_task_set(cfg, tok, tasks):
