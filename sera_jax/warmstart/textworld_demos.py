@@ -92,17 +92,15 @@ def _sub_agent_turns(cfg: Any, tokenizer: Any, oracle: TextWorldOracle, world: A
     return turns + [_turn(second.ids, reply2, tokenizer, 1)]
 
 
-def _greedy_states(world, limit: int) -> list[tuple[str, list[str]]]:
-    """Returns the (observation, valid actions) the root sees along the oracle rule's solo solution of ``world``
-    (reset), each before its action, at most ``limit`` of them, stopping before the world is solved."""
-    world.reset()
-    states: list[tuple[str, list[str]]] = []
-    while len(states) < limit and not world.success():
+def _play_rule(world, limit: int) -> int:
+    """Plays the oracle rule's solo solution on ``world`` as the root for at most ``limit`` actions, stopping before
+    the world is solved; returns the number of actions taken."""
+    taken = 0
+    while taken < limit and not world.success():
         observation, infos = world.observe_full(ROOT)
-        valid = list(infos["validActions"])
-        states.append((observation, valid))
-        world.step(ROOT, next_action(valid, observation))
-    return states
+        world.step(ROOT, next_action(list(infos["validActions"]), observation))
+        taken += 1
+    return taken
 
 
 def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: TextWorldOracle, n: int,
@@ -113,8 +111,8 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
     number of steps (a sub-agent starts where and when its parent is; its reply is the rule's next action, or its
     finish once its dish is eaten), followed by its second turn (the first one's action taken, its feedback, the
     next reply), so the action is read off the end of the valid-action list both before the task text (a first
-    message) and at the end of the prompt (every later one). Turning a task into a delegation, and reading the action off the end of the
-    valid-action list, are what a small model is slowest to learn; these are cheap (one turn each)."""
+    message) and at the end of the prompt (every later one). Turning a task into a delegation, and reading the
+    action off the valid-action list, are what a small model is slowest to learn; these are cheap (a turn or two)."""
     rng = random.Random(seed)
     out: list[Datum] = []
     while len(out) < n:
@@ -128,11 +126,10 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
             reply = oracle.agent_reply(tokenizer.decode(prompt), f"first{len(out)}", ROOT, 0, 0)
             turns, depth = [_turn(prompt, reply, tokenizer, 0)], 0
         else:
-            played = len(_greedy_states(make_world(task, cfg.env.rules), 40))
-            world.reset()
-            for _ in range(rng.randrange(max(played, 1))):  # the rule's solo play, stopped at a random step
-                o, i = world.observe_full(ROOT)
-                world.step(ROOT, next_action(list(i["validActions"]), o))
+            fresh = make_world(task, cfg.env.rules)
+            fresh.reset()
+            played = _play_rule(fresh, 40)                    # the length of the rule's whole solo play, then
+            _play_rule(world, rng.randrange(max(played, 1)))  # a random part of it on this (fresh) world
             dish, spec = specs[rng.randrange(len(specs))]
             turns, depth = _sub_agent_turns(cfg, tokenizer, oracle, world, goal_text(dish, spec), f"first{len(out)}"), 1
         (tokens, mask, logprobs, versions), = merge_turns(turns)

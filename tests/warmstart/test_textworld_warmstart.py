@@ -85,7 +85,8 @@ def test_texts_parse():
 
 
 def test_the_rule_opens_the_gate_takes_the_last_progress_action_else_walks():
-    kitchen, pantry = "You are in the kitchen.\nVisible objects: (none)", "You are in the pantry.\nVisible objects: salt"
+    kitchen = "You are in the kitchen.\nVisible objects: (none)"
+    pantry = "You are in the pantry.\nVisible objects: salt"
     start = ["look around", "inventory", "go to pantry", "move north", "take knife"]
     assert next_action(start + ["take water"], kitchen) == "take water"
     assert next_action(start + ["take water", "dice white onion", "prepare dish_1"], kitchen) == "prepare dish_1"
@@ -189,8 +190,8 @@ def test_sub_agent_first_turns_start_part_way_and_read_the_action_off_the_valid_
         for prefix, reply in zip(parts, replies):
             valid = prefix.rsplit("# Valid Actions\n", 1)[1].split("\n\n# Task", 1)[0]
             valid = valid.split("<|im_end|>", 1)[0].split("\n# Task", 1)[0].splitlines()
-            observation = prefix.rsplit("You are in the ", 1)[1]
-            assert reply.startswith("<finish>") or reply == f"<action>{next_action(valid, 'You are in the ' + observation)}</action>"
+            observation = "You are in the " + prefix.rsplit("You are in the ", 1)[1]
+            assert reply.startswith("<finish>") or reply == f"<action>{next_action(valid, observation)}</action>"
         if len(replies) == 2:
             two += 1
             assert steps[1] == steps[0] - 1  # the first action cost one shared step, and the feedback shows it
