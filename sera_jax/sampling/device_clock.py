@@ -61,5 +61,8 @@ class DeviceClock:
         with self._lock:
             return self._busy
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Stops the watcher and waits for it: a daemon thread still inside ``block_until_ready`` when the interpreter
+        finalizes is unwound through jaxlib's C++ frames and aborts the process ("exception not rethrown")."""
         self._queue.put(None)
+        self._thread.join(timeout=timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import jax
@@ -43,3 +44,13 @@ def test_a_warm_up_compiling_ahead_of_time_is_counted_apart_from_the_runs_misses
     assert d["ahead_compiles"] >= 1 and d["ahead_traces"] >= 1
     jax.jit(lambda x: jnp.tan(x) + x.shape[0])(jnp.ones(23)).block_until_ready()   # outside: a miss again
     assert compile_watch.since(mark)["compiles"] >= 1
+
+
+def test_close_waits_for_the_watcher_so_no_thread_is_inside_jax_at_exit():
+    # A daemon thread still waiting on device outputs when the interpreter finalizes aborts the process
+    # ("terminate called ... exception not rethrown"): close must leave no watcher running.
+    clock = DeviceClock()
+    x = jnp.ones((256, 256))
+    clock.dispatched(time.monotonic(), [jax.jit(lambda a: (a @ a) @ a)(x)])
+    clock.close()
+    assert not [t for t in threading.enumerate() if t.name == "sera-device-clock" and t.is_alive()]
