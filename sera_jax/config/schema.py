@@ -205,6 +205,11 @@ class WarmStartSection:
     enabled: bool = False
     out_dir: str = "runs/warmstart"
     demo_tasks: int = 400                # tasks the oracle plays (sampled from env.task_set / env.difficulties)
+    # Where the demo tasks come from when not the RL tasks (null = env.task_set / env.difficulties): RL can then
+    # train where the warm start is weak (e.g. Medium) from a warm start of Easy demonstrations -- the same recipe,
+    # so the shipped warm start still matches.
+    demo_task_set: Optional[str] = None
+    demo_difficulties: Optional[tuple[str, ...]] = None
     steps: int = 100                     # SFT updates: the fixed, deliberately partial budget
     token_budget: int = 8192             # tokens per SFT update
     lr: float = 1.0e-3

@@ -64,6 +64,15 @@ def shipped_dir(cfg: Any) -> Path:
     return SHIPPED_DIRS[cfg.env.name]
 
 
+def demo_env(cfg: Any) -> Any:
+    """Returns ``cfg.env`` with the demo tasks' set and difficulties (``warmstart.demo_task_set`` /
+    ``demo_difficulties`` where given, else the RL tasks')."""
+    ws, e = cfg.warmstart, cfg.env
+    return dataclasses.replace(
+        e, task_set=ws.demo_task_set if ws.demo_task_set is not None else e.task_set,
+        difficulties=tuple(ws.demo_difficulties) if ws.demo_difficulties is not None else tuple(e.difficulties))
+
+
 def recipe(cfg: Any) -> dict[str, Any]:
     """Returns what determines a warm start: the architecture, the tokenizer file's sha256, the prompt style and
     env caps the demos are played under, every ``warmstart`` field (seeds included) and the version
@@ -72,7 +81,8 @@ def recipe(cfg: Any) -> dict[str, Any]:
     tok = cfg.model.tokenizer
     name = tok[len(BUILTIN_PREFIX):] if tok and tok.startswith(BUILTIN_PREFIX) else None
     tok_sha = sha256_file(str(BUILTIN[name])) if name in BUILTIN else tok
-    ws = {k: v for k, v in dataclasses.asdict(cfg.warmstart).items() if k not in ("enabled", "out_dir")}
+    ws = {k: v for k, v in dataclasses.asdict(cfg.warmstart).items()
+          if k not in ("enabled", "out_dir", "demo_task_set", "demo_difficulties")}  # recorded under "env"
     if not ws["exhaust_share"]:  # named only when on, so recipes from before the setting stay valid
         del ws["exhaust_share"]
     if ws["rubric_target_prob"] == 1.0:  # likewise
@@ -93,7 +103,9 @@ def recipe(cfg: Any) -> dict[str, Any]:
                       "judge_max_tokens": j.max_tokens}
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
-        "env": {"name": e.name, "task_set": e.task_set, "difficulties": list(e.difficulties), "max_steps": e.max_steps,
+        # The demo tasks' set (see demo_env): whether they are also the RL tasks does not change the warm start.
+        "env": {"name": e.name, "task_set": demo_env(cfg).task_set, "difficulties": list(demo_env(cfg).difficulties),
+                "max_steps": e.max_steps,
                 "max_depth": e.max_depth, "prompt_style": e.prompt_style,
                 # Named only when on, so recipes (and shipped warm starts) from before the setting stay valid.
                 **({"token_history": True} if e.token_history else {})},
@@ -226,12 +238,12 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
             log(f"warm start: the shipped one ({shipped_dir(cfg).name}, built by `sera-warmstart --ship` from this "
                 f"config's recipe) copied to {out}")
             return out
-        tasks, files = load_env_tasks(cfg)
+        tasks, files = load_env_tasks(dataclasses.replace(cfg, env=demo_env(cfg)))
         tasks = random.Random(ws.seed).sample(list(tasks), min(ws.demo_tasks, len(tasks)))
         collect = collect_demos if cfg.env.name == "textcraft" else collect_textworld_demos
         datums, stats = asyncio.run(collect(cfg, tokenizer, tasks))
         if not datums:
-            raise RuntimeError("warm start: the oracle produced no demonstration (check env.task_set)")
+            raise RuntimeError("warm start: the oracle produced no demonstration (check env.task_set, or warmstart.demo_task_set)")
         longest = max(len(d.tokens) for d in datums)
         datums = [d for d in datums if len(d.tokens) - 1 <= max(cfg.batch.buckets)]
         stats.update(collect_s=round(time.monotonic() - t0, 1), longest_datum=longest)

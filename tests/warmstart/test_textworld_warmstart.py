@@ -245,3 +245,23 @@ def test_shipped_warm_start_is_the_configs():
     assert stats["oracle_root_success"] == 1.0 and stats["judge_calls"] > 0
     changed = load_config([CONFIG], ["warmstart.fail_prob=0.5"])
     assert recipe(changed) != recipe(cfg) and not shipped_matches(changed)
+
+
+def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start():
+    """RL on Medium from the Easy warm start: the demo tasks are named apart (warmstart.demo_task_set), the recipe is
+    the demos', so the shipped warm start still matches and its demos are still the Easy ones."""
+    import dataclasses
+
+    from sera_jax.assembly.tasks import load_env_tasks
+    from sera_jax.warmstart.sft import demo_env, recipe, shipped_matches
+
+    cfg = load_config([CONFIG])
+    medium = load_config([CONFIG], ["env.task_set=test@700000?difficulties=medium", "env.difficulties=[medium]",
+                                    f"warmstart.demo_task_set={cfg.env.task_set}", "warmstart.demo_difficulties=[easy]"])
+    assert recipe(medium) == recipe(cfg) and shipped_matches(medium)
+    demos, _ = load_env_tasks(dataclasses.replace(medium, env=demo_env(medium)))
+    rl, _ = load_env_tasks(medium)
+    assert {t.difficulty for t in demos} == {"easy"} and {t.difficulty for t in rl} == {"medium"}
+    # Without the demo set named, moving the RL tasks moves the recipe: the warm start would be rebuilt on them.
+    moved = load_config([CONFIG], ["env.task_set=test@700000?difficulties=medium", "env.difficulties=[medium]"])
+    assert recipe(moved) != recipe(cfg) and not shipped_matches(moved)
