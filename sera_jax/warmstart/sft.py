@@ -93,7 +93,7 @@ def recipe(cfg: Any) -> dict[str, Any]:
         del ws["decay"]
     if ws["copy_task_set"] is None:  # likewise
         del ws["copy_task_set"]
-    e, r = cfg.env, cfg.rollout
+    e, r, demo = cfg.env, cfg.rollout, demo_env(cfg)
     if e.name != "textcraft":  # what else shapes TextWorld's demos: world rules, fork groups, side-call caps
         m, j = cfg.method_config(), cfg.judge
         ws["play"] = {"rules": e.rules, "branching_factor": m.branching_factor,
@@ -104,9 +104,8 @@ def recipe(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
         # The demo tasks' set (see demo_env): whether they are also the RL tasks does not change the warm start.
-        "env": {"name": e.name, "task_set": demo_env(cfg).task_set, "difficulties": list(demo_env(cfg).difficulties),
-                "max_steps": e.max_steps,
-                "max_depth": e.max_depth, "prompt_style": e.prompt_style,
+        "env": {"name": e.name, "task_set": demo.task_set, "difficulties": list(demo.difficulties),
+                "max_steps": e.max_steps, "max_depth": e.max_depth, "prompt_style": e.prompt_style,
                 # Named only when on, so recipes (and shipped warm starts) from before the setting stay valid.
                 **({"token_history": True} if e.token_history else {})},
         "rollout": {"max_completion_tokens": r.max_completion_tokens, "max_prompt_tokens": r.max_prompt_tokens,
@@ -243,7 +242,8 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         collect = collect_demos if cfg.env.name == "textcraft" else collect_textworld_demos
         datums, stats = asyncio.run(collect(cfg, tokenizer, tasks))
         if not datums:
-            raise RuntimeError("warm start: the oracle produced no demonstration (check env.task_set, or warmstart.demo_task_set)")
+            raise RuntimeError("warm start: the oracle produced no demonstration "
+                               "(check env.task_set, or warmstart.demo_task_set)")
         longest = max(len(d.tokens) for d in datums)
         datums = [d for d in datums if len(d.tokens) - 1 <= max(cfg.batch.buckets)]
         stats.update(collect_s=round(time.monotonic() - t0, 1), longest_datum=longest)

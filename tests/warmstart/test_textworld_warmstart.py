@@ -257,7 +257,8 @@ def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start
 
     cfg = load_config([CONFIG])
     medium = load_config([CONFIG], ["env.task_set=test@700000?difficulties=medium", "env.difficulties=[medium]",
-                                    f"warmstart.demo_task_set={cfg.env.task_set}", "warmstart.demo_difficulties=[easy]"])
+                                    f"warmstart.demo_task_set={cfg.env.task_set}",
+                                    "warmstart.demo_difficulties=[easy]"])
     assert recipe(medium) == recipe(cfg) and shipped_matches(medium)
     demos, _ = load_env_tasks(dataclasses.replace(medium, env=demo_env(medium)))
     rl, _ = load_env_tasks(medium)
