@@ -70,7 +70,7 @@ def demo_env(cfg: Any) -> Any:
     ws, e = cfg.warmstart, cfg.env
     return dataclasses.replace(
         e, task_set=ws.demo_task_set if ws.demo_task_set is not None else e.task_set,
-        difficulties=tuple(ws.demo_difficulties) if ws.demo_difficulties is not None else tuple(e.difficulties))
+        difficulties=ws.demo_difficulties if ws.demo_difficulties is not None else e.difficulties)
 
 
 def recipe(cfg: Any) -> dict[str, Any]:

@@ -250,8 +250,6 @@ def test_shipped_warm_start_is_the_configs():
 def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start():
     """RL on Medium from the Easy warm start: the demo tasks are named apart (warmstart.demo_task_set), the recipe is
     the demos', so the shipped warm start still matches and its demos are still the Easy ones."""
-    import dataclasses
-
     from sera_jax.assembly.tasks import load_env_tasks
     from sera_jax.warmstart.sft import demo_env, recipe, shipped_matches
 
