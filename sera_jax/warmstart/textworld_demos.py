@@ -8,7 +8,8 @@ rubric and the branch scores, then the judge's label of each branch of a group w
 in the execution stage (a rubric before every child, a score after it, then the judge's label of every sub-agent —
 the labels the RAO family is rewarded by). Kept (``demos.demo_datums``): the turns of every agent that played the
 oracle's rule and was not sabotaged, every rubric, score and judge call (the oracle's scores and labels are the true
-outcomes, sabotaged children's 0 included), plus first-turn datums (``first_turn_datums``) on the tasks of
+outcomes, sabotaged children's 0 included), each score and judge call again with its final state flipped to the
+other verdict (``verdict_flip_datums``), plus first-turn datums (``first_turn_datums``) on the tasks of
 ``warmstart.copy_task_set`` (else the demo tasks).
 """
 
@@ -34,11 +35,11 @@ from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
-from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, goal_text, next_action
+from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, flip_final_state, goal_text, next_action
 
 ENV = "textworld_sync"
 # Bumped whenever the oracle or the choice of demonstrations changes what a TextWorld recipe builds.
-TEXTWORLD_DEMO_VERSION = 2
+TEXTWORLD_DEMO_VERSION = 3  # 3: the verdict-flip demos (``verdict_flip_datums``)
 
 
 def _judge(cfg: Any, generator: Any, tokenizer: Any) -> SubagentJudge:
@@ -138,6 +139,28 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
     return out
 
 
+def verdict_flip_datums(records: Sequence[tuple[Any, list[int], list[int]]], tokenizer: Any, oracle: TextWorldOracle,
+                        seed: int) -> list[Datum]:
+    """Returns one datum per score and judge call of ``records`` (the recording generator's): the same prompt with
+    its final state rewritten to the other verdict (``textworld_oracle.flip_final_state``) and the oracle's reply to
+    it. Paired with the call's own datum, the two differ only in the final state's dish lines, so the scorer and the
+    judge learn to read the state, not the trajectory's look (see ``flip_final_state``)."""
+    rng = random.Random(seed)
+    out: list[Datum] = []
+    for info, prompt, _ in records:
+        kind = info.node_id.split(":", 1)[0] if info is not None and ":" in info.node_id else ""
+        if kind not in ("score", "judge"):
+            continue
+        text = flip_final_state(tokenizer.decode(list(prompt)), rng)
+        if text is None:
+            continue
+        turn = _turn(tokenizer.encode(text), oracle.side_call(kind, text), tokenizer, 0)
+        (tokens, mask, logprobs, versions), = merge_turns([turn])
+        out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
+                         scalar=1.0, objective="scoring", traj_depth=0, traj_start=0, node_id=f"{kind}-flip"))
+    return out
+
+
 async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple[list[Datum], dict]:
     """Runs the oracle on ``tasks`` through the runtime (see the module docstring); returns (datums, stats)."""
     ws = cfg.warmstart
@@ -162,6 +185,8 @@ async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]
                                else judge.label_subagents(done))
         trees += done
     datums, counts = demo_datums(gen.records, trees, oracle.sabotaged, shared_world=True)
+    flips = verdict_flip_datums(gen.records, tokenizer, oracle, ws.seed)
+    datums += flips
     if ws.copy_demos:
         copy_tasks = load_task_set(ws.copy_task_set)[0] if ws.copy_task_set else tasks
         datums += first_turn_datums(cfg, tokenizer, copy_tasks, oracle, ws.copy_demos, ws.seed)
@@ -173,7 +198,7 @@ async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "sabotaged_children": len(oracle.sabotaged),
              "judge_labels": {k: v.get("labelled", 0) for k, v in labels.items()},
-             "first_turn_datums": ws.copy_demos, "first_turn_tasks": len(copy_tasks) if ws.copy_demos else 0,
+             "verdict_flip_datums": len(flips), "first_turn_datums": ws.copy_demos, "first_turn_tasks": len(copy_tasks) if ws.copy_demos else 0,
              "datums": len(datums),
              "trained_tokens": sum(d.num_trained for d in datums), **counts}
     return datums, stats

@@ -48,6 +48,8 @@ _COARSE = re.compile(r"Dish (dish_\d+) uses: ([^\n]*?)\.?$", re.MULTILINE)
 _GOAL = re.compile(r"^Prepare and eat (dish_\d+): ([^\n]*?)\.?$", re.MULTILINE)
 _INGREDIENT = re.compile(r"\s*([^,(]+?)(?: \(([^)]*)\))?(?:,|$)")
 _PROGRESS = re.compile(r"- (dish_\d+): \d+/\d+ ingredients prepared, meal_prepared=(\w+), meal_eaten=(\w+)")
+_PROGRESS_LINE = re.compile(r"^- (dish_\d+): (\d+)/(\d+) ingredients prepared, meal_prepared=\w+, meal_eaten=\w+$",
+                            re.MULTILINE)
 _ROOM = re.compile(r"You are in the ([^\n]+)\.")
 _SECTION = re.compile(r"\[(Delegated SubAgent Task|Delegated Task|Goal)\]\n([^\n]*)")
 PREP_VERBS = ("chop ", "slice ", "dice ", "mince ", "cook ")
@@ -98,6 +100,64 @@ def next_action(valid: Sequence[str], observation: str) -> str:
         return valid[-1]
     room = (_ROOM.findall(observation) or ["kitchen"])[-1]
     return "go to kitchen" if room == "pantry" else "go to pantry"
+
+
+def final_state_span(text: str) -> tuple[int, int] | None:
+    """Returns the (start, end) of the dish-progress lines under a score or judge prompt's ``[Final State]``
+    header, or None when the prompt has none."""
+    head = text.find("[Final State]\n")
+    if head < 0:
+        return None
+    start = head + len("[Final State]\n")
+    end = text.find("\n\n", start)
+    return start, (len(text) if end < 0 else end)
+
+
+def verdict(text: str) -> bool:
+    """Whether a score or judge prompt's final state shows every dish of its goal (the last ``[Goal]`` /
+    ``[Delegated Task]`` section) eaten: the oracle's score and label, read off the state alone."""
+    goal = (_SECTION.findall(text) or [("", "")])[-1][1]
+    dishes = [d for d, _ in dish_specs(goal)]
+    span = final_state_span(text)
+    eaten = eaten_dishes(text[span[0]:span[1]]) if span else {}
+    return bool(dishes) and all(eaten.get(d) for d in dishes)
+
+
+def flip_final_state(text: str, rng: random.Random) -> str | None:
+    """Returns a score or judge prompt whose final state is rewritten so that its verdict is the other one, every
+    other byte kept: a success's goal dishes (one of them, or all) left unfinished at a random point (some
+    ingredients prepared, or all and the meal prepared but not eaten); a failure's goal dishes all prepared and
+    eaten. None when the prompt has no final state or no goal dish in it. The verdict-flip demos pair every score
+    and judge demo with its flip, so a scorer can only be right on both by reading the final state: sabotaged
+    children alone let a small model score by the trajectory's look (short, no ``eat``) instead, and it then scored
+    every real failure (a child out of turns, or eating a sibling's dish) a success."""
+    span = final_state_span(text)
+    goal = (_SECTION.findall(text) or [("", "")])[-1][1]
+    dishes = [d for d, _ in dish_specs(goal)]
+    if span is None or not dishes:
+        return None
+    state = text[span[0]:span[1]]
+    present = [d for d in dishes if re.search(rf"^- {d}: ", state, re.MULTILINE)]
+    if not present:
+        return None
+    success = verdict(text)
+    spoil = set(present if rng.random() < 0.5 else [rng.choice(present)]) if success else set()
+
+    def line(m: re.Match) -> str:
+        dish, total = m.group(1), int(m.group(3))
+        if dish not in dishes:
+            return m.group(0)
+        if not success:
+            return f"- {dish}: {total}/{total} ingredients prepared, meal_prepared=True, meal_eaten=True"
+        if dish not in spoil:
+            return m.group(0)
+        ready = rng.randrange(total + 1)
+        prepared = ready == total and rng.random() < 0.5
+        return f"- {dish}: {ready}/{total} ingredients prepared, meal_prepared={prepared}, meal_eaten=False"
+
+    flipped = _PROGRESS_LINE.sub(line, state)
+    out = text[:span[0]] + flipped + text[span[1]:]
+    return out if verdict(out) != success else None
 
 
 def eaten_dishes(text: str) -> dict[str, bool]:
@@ -156,12 +216,10 @@ class TextWorldOracle:
     def side_call(self, kind: str, text: str) -> str:
         """Returns the rubric, score or judge reply for a side call's decoded prompt."""
         goal = (_SECTION.findall(text) or [("", "")])[-1][1]
-        dishes = [d for d, _ in dish_specs(goal)]
         if kind == "rubric":
             return rubric_text(goal)
-        state = text.split("[Final State]", 1)[-1].split("\n\n", 1)[0] if "[Final State]" in text else ""
-        eaten = eaten_dishes(state)
-        success = bool(dishes) and all(eaten.get(d) for d in dishes)
+        dishes = [d for d, _ in dish_specs(goal)]
+        success = verdict(text)
         return score_text(success) if kind == "score" else judge_text(success, dishes)
 
     def agent_reply(self, text: str, tree_id: str, node_id: str, depth: int, turn: int) -> str:
