@@ -22,10 +22,17 @@ from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import BUILTIN, resolve_tokenizer
 from sera_jax.config import load_config
 from sera_jax.warmstart.demos import RecordingGenerator
-from sera_jax.warmstart.textworld_demos import ENV, _judge, collect_textworld_demos, first_turn_datums
+from sera_jax.warmstart.textworld_demos import (
+    ENV,
+    _judge,
+    collect_textworld_demos,
+    first_turn_datums,
+    verdict_flip_datums,
+)
 from sera_jax.warmstart.textworld_oracle import (
     TextWorldOracle,
     dish_specs,
+    final_state_span,
     goal_text,
     ingredient_names,
     is_progress,
@@ -153,6 +160,29 @@ def test_fork_demos_rank_branches_with_the_judges_labels(cfg, tok, tasks):
     assert kinds == {"rubric", "score", "judge"}
 
 
+def test_verdict_flip_demos_differ_from_their_call_only_in_the_final_state_and_the_verdict(cfg, tok, tasks):
+    """Every score and judge demo has a twin whose final state says the other verdict: the two prompts share every
+    token outside the state's dish lines, and the replies disagree -- so only reading the state fits both."""
+    oracle, gen, _ = _play(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5)
+    calls = [(info, p, c) for info, p, c in gen.records if info and info.node_id.split(":", 1)[0] in ("score", "judge")]
+    verdicts = {json.loads(tok.decode(c).replace("<|im_end|>", ""))["success"] for _, _, c in calls}
+    assert len(calls) >= 2 * len(tasks) and verdicts == {True, False}  # both verdicts among the originals
+    flips = verdict_flip_datums(gen.records, tok, oracle, seed=0)
+    assert len(flips) == len(calls)
+    for (info, prompt, completion), d in zip(calls, flips):
+        original = tok.decode(prompt)
+        assert tok.encode(original) == list(prompt)  # re-encoding a decoded prompt is exact: the twin is a real prompt
+        cut = d.mask.index(1)
+        twin = tok.decode(list(d.tokens[:cut]))
+        (a0, a1), (b0, b1) = final_state_span(original), final_state_span(twin)
+        assert original[:a0] == twin[:b0] and original[a1:] == twin[b1:]
+        assert original[a0:a1] != twin[b0:b1]
+        reply = json.loads(tok.decode(list(d.tokens[cut:])).replace("<|im_end|>", ""))
+        was = json.loads(tok.decode(completion).replace("<|im_end|>", ""))
+        assert reply["success"] == (not was["success"]) and d.objective == "scoring"
+        assert ("final_score" in reply) == (info.node_id.startswith("score"))
+
+
 def test_demos_and_first_turns_are_what_the_runtime_sends(cfg, tok, tasks):
     small = dataclasses.replace(cfg, warmstart=dataclasses.replace(cfg.warmstart, copy_demos=6, fork_demo_tasks=2))
     datums, stats = asyncio.run(collect_textworld_demos(small, tok, tasks))
@@ -264,3 +294,43 @@ def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start
     # Without the demo set named, moving the RL tasks moves the recipe: the warm start would be rebuilt on them.
     moved = load_config([CONFIG], ["env.task_set=test@700000?difficulties=medium", "env.difficulties=[medium]"])
     assert recipe(moved) != recipe(cfg) and not shipped_matches(moved)
+
+
+@pytest.mark.slow
+def test_the_shipped_scorer_and_judge_read_the_final_state_not_the_trajectory(cfg, tok, tasks, tmp_path):
+    """tools/probe_textworld_scorer.py on oracle trees (honest and sabotaged children), each child also copied with
+    its final dish line flipped: the shipped warm start's scorer and judge must follow the state. Before the
+    verdict-flip demos they scored every child a success whose replies looked like one (and, in training, every
+    real failure)."""
+    import importlib.util
+    import re
+
+    from sera_jax.agents.records import dumps_tree, loads_tree, write_jsonl
+
+    spec = importlib.util.spec_from_file_location("probe_tw", "tools/probe_textworld_scorer.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    _, _, trees = _play(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5)
+    flipped = [loads_tree(dumps_tree(t)) for t in trees]  # the same trees, each child's dish line flipped
+    for t in flipped:
+        t.id += "-flipped"
+        for n in t.nodes.values():
+            dish = re.findall(r"dish_\d+", n.goal.split(":", 1)[0])
+            if not n.depth or not dish:
+                continue
+            obs = n.misc.get("final_observation", "")
+            line = re.search(rf"- {dish[0]}: (\d+)/(\d+) ingredients prepared, meal_prepared=\w+, meal_eaten=(\w+)", obs)
+            total = int(line.group(2))
+            new = (f"- {dish[0]}: {total}/{total} ingredients prepared, meal_prepared=True, meal_eaten=True"
+                   if line.group(3) == "False" else
+                   f"- {dish[0]}: {total - 1}/{total} ingredients prepared, meal_prepared=False, meal_eaten=False")
+            n.misc["final_observation"] = obs.replace(line.group(0), new)
+    path = tmp_path / "trees.jsonl"
+    write_jsonl(list(trees) + flipped, path)
+    shipped = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=str(tmp_path / "none")))
+    out = asyncio.run(tool.probe(shipped, None, [str(path)]))
+    acc = out["accuracy"]
+    for who in ("scorer", "judge"):
+        for truth in ("own dish eaten", "own dish not eaten"):
+            right, total = acc[f"{who} on {truth}"]["right"], acc[f"{who} on {truth}"]["of"]
+            assert total >= len(tasks) and right >= 0.85 * total, (who, truth, out)

@@ -1,0 +1,138 @@
+"""Does a TextWorld policy's scorer (and its frozen judge) read the world, or the trajectory's look?
+
+Re-scores recorded sub-agents: every scored child in the given ``trees.jsonl`` files (training or evaluation trees)
+is scored again by the policy under test, through the execution stage's own call (``rubric_calls.score_node``: the
+child's rubric from the record, its replies and finish message, the scoring caps of the config) and labelled by the
+``policy_frozen`` judge's call. The final state shown is the child's last observation's dish lines (training
+scored the world as it stood when the child returned: the same lines unless a sibling moved a dish in between).
+The truth is that state: every dish of the child's goal eaten. Printed: one row per (finish message given or
+not, own dish eaten or not) with the scorer's and the judge's verdicts, and their accuracy on each truth — the
+same children for every checkpoint, so two warm starts compare on identical inputs.
+
+Usage: python tools/probe_textworld_scorer.py TREES.jsonl [...] [--checkpoint RUN_OR_DIR]
+       [--config configs/tiny_textworld.yaml] [--limit N] [--json OUT]
+(without ``--checkpoint``: the config's starting policy, e.g. the shipped warm start)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+
+from sera_jax.agents.judge import make_judge  # noqa: E402
+from sera_jax.agents.records import read_jsonl  # noqa: E402
+from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node  # noqa: E402
+from sera_jax.assembly.judge import judge_settings  # noqa: E402
+from sera_jax.assembly.settings import runtime_settings  # noqa: E402
+from sera_jax.config import load_config  # noqa: E402
+from sera_jax.evaluation.protocol import eval_engine_config, load_policy  # noqa: E402
+from sera_jax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
+from sera_jax.sampling import Engine  # noqa: E402
+
+_LINE = re.compile(r"- (dish_\d+): (\d+)/(\d+) ingredients prepared, meal_prepared=(\w+), meal_eaten=(\w+)")
+
+
+def state_of(observation: str) -> dict:
+    """Returns the world-state dict (``{"dishes": ...}``) whose dish lines are ``observation``'s."""
+    dishes = {}
+    for dish, ready, total, prepared, eaten in _LINE.findall(observation or ""):
+        dishes[dish] = {"ingredients": {f"i{k}": {"ready": k < int(ready)} for k in range(int(total))},
+                        "meal_prepared": prepared == "True", "meal_eaten": eaten == "True"}
+    return {"dishes": dishes}
+
+
+def own_dish_eaten(node) -> bool:
+    """Whether every dish the child's goal names (``Prepare and eat dish_1[, dish_2]: …``) is eaten in its last
+    observation."""
+    dishes = re.findall(r"dish_\d+", node.goal.split(":", 1)[0])
+    eaten = {d: e == "True" for d, *_, e in _LINE.findall(node.misc.get("final_observation", ""))}
+    return bool(dishes) and all(eaten.get(d) for d in dishes)
+
+
+def scored_children(paths, limit: int | None):
+    """Yields (tree, node) for every child with a recorded rubric and score, at most ``limit`` of them."""
+    seen = 0
+    for path in paths:
+        for tree in read_jsonl(path):
+            for node in tree.nodes.values():
+                rs = node.rubric_score
+                if node.depth and rs is not None and rs.rubric is not None and rs.score is not None:
+                    yield tree, node
+                    seen += 1
+                    if limit is not None and seen >= limit:
+                        return
+
+
+async def probe(cfg, checkpoint: str | None, paths, limit: int | None = None, concurrency: int = 16) -> dict:
+    """Returns {"rows": {(finish, own): {"scorer": Counter, "judge": Counter}}, "accuracy": {...}}."""
+    policy = load_policy(cfg, checkpoint=checkpoint)
+    engine = Engine(policy.model_cfg, policy.params, eval_engine_config(cfg, policy.model_cfg, policy.model_cfg.dtype),
+                    tokenizer=policy.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
+                    seed=cfg.train.seed)
+    settings = runtime_settings(cfg)
+    spec = RubricConfig.from_method(cfg.method_config(), **run_limits(settings)).scoring_spec()
+    judge = make_judge(cfg.env.name, judge_settings(cfg), generator=engine, tokenizer=policy.tokenizer)
+    gate = asyncio.Semaphore(concurrency)
+    rows: dict = collections.defaultdict(lambda: {"scorer": collections.Counter(), "judge": collections.Counter()})
+
+    async def one(k: int, tree, node) -> None:
+        truth = own_dish_eaten(node)
+        key = ("finish" if node.finish_message else "no finish", "own dish eaten" if truth else "own dish not eaten")
+        run = SimpleNamespace(tree=tree, generator=engine, tokenizer=policy.tokenizer, settings=settings,
+                              root_key=jax.random.key(k))
+        async with gate:
+            _, score, _ = await score_node(run, node.rubric_score.rubric, node,
+                                           state_of(node.misc.get("final_observation", "")), spec, f"score:{node.id}")
+            label = await judge.label(node, tree.nodes[tree.root_id].goal)
+        rows[key]["scorer"]["invalid" if score is None else str(score.success)] += 1
+        rows[key]["judge"]["invalid" if label.success is None else str(bool(label.success))] += 1
+
+    try:
+        await asyncio.gather(*(one(k, t, n) for k, (t, n) in enumerate(scored_children(paths, limit))))
+    finally:
+        engine.close()
+    accuracy = {}
+    for who in ("scorer", "judge"):
+        for truth in (True, False):
+            tag = "own dish eaten" if truth else "own dish not eaten"
+            right = sum(r[who][str(truth)] for (_, own), r in rows.items() if own == tag)
+            total = sum(sum(r[who].values()) for (_, own), r in rows.items() if own == tag)
+            accuracy[f"{who} on {tag}"] = (right, total)
+    return {"rows": {f"{f} / {o}": {w: dict(c) for w, c in r.items()} for (f, o), r in sorted(rows.items())},
+            "accuracy": {k: {"right": a, "of": b} for k, (a, b) in accuracy.items()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("trees", nargs="+")
+    ap.add_argument("--config", default="configs/tiny_textworld.yaml")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    cfg = load_config([args.config])
+    if cfg.env.name != "textworld_sync":
+        ap.error(f"{args.config} is not a TextWorld config")
+    out = asyncio.run(probe(cfg, args.checkpoint, args.trees, args.limit))
+    print(f"{'children (finish / truth)':40s} {'scorer verdicts':30s} judge verdicts")
+    for key, r in out["rows"].items():
+        print(f"{key:40s} {json.dumps(r['scorer']):30s} {json.dumps(r['judge'])}")
+    for k, v in out["accuracy"].items():
+        print(f"{k:32s} {v['right']}/{v['of']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"checkpoint": args.checkpoint, "trees": args.trees, **out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
