@@ -210,6 +210,9 @@ class WarmStartSection:
     # so the shipped warm start still matches.
     demo_task_set: Optional[str] = None
     demo_difficulties: Optional[tuple[str, ...]] = None
+    # Likewise the agents' step limit the demos are played under (null = env.max_steps): RL can then train under a
+    # tighter budget than the warm start's demonstrations had.
+    demo_max_steps: Optional[int] = None
     steps: int = 100                     # SFT updates: the fixed, deliberately partial budget
     token_budget: int = 8192             # tokens per SFT update
     lr: float = 1.0e-3

@@ -65,12 +65,13 @@ def shipped_dir(cfg: Any) -> Path:
 
 
 def demo_env(cfg: Any) -> Any:
-    """Returns ``cfg.env`` with the demo tasks' set and difficulties (``warmstart.demo_task_set`` /
-    ``demo_difficulties`` where given, else the RL tasks')."""
+    """Returns ``cfg.env`` with the demo tasks' set, difficulties and step limit (``warmstart.demo_task_set`` /
+    ``demo_difficulties`` / ``demo_max_steps`` where given, else the RL tasks')."""
     ws, e = cfg.warmstart, cfg.env
     return dataclasses.replace(
         e, task_set=ws.demo_task_set if ws.demo_task_set is not None else e.task_set,
-        difficulties=ws.demo_difficulties if ws.demo_difficulties is not None else e.difficulties)
+        difficulties=ws.demo_difficulties if ws.demo_difficulties is not None else e.difficulties,
+        max_steps=ws.demo_max_steps if ws.demo_max_steps is not None else e.max_steps)
 
 
 def recipe(cfg: Any) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def recipe(cfg: Any) -> dict[str, Any]:
     name = tok[len(BUILTIN_PREFIX):] if tok and tok.startswith(BUILTIN_PREFIX) else None
     tok_sha = sha256_file(str(BUILTIN[name])) if name in BUILTIN else tok
     ws = {k: v for k, v in dataclasses.asdict(cfg.warmstart).items()
-          if k not in ("enabled", "out_dir", "demo_task_set", "demo_difficulties")}  # recorded under "env"
+          if k not in ("enabled", "out_dir", "demo_task_set", "demo_difficulties", "demo_max_steps")}  # under "env"
     if not ws["exhaust_share"]:  # named only when on, so recipes from before the setting stay valid
         del ws["exhaust_share"]
     if ws["rubric_target_prob"] == 1.0:  # likewise
@@ -105,7 +106,7 @@ def recipe(cfg: Any) -> dict[str, Any]:
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
         # The demo tasks' set (see demo_env): whether they are also the RL tasks does not change the warm start.
         "env": {"name": e.name, "task_set": demo.task_set, "difficulties": list(demo.difficulties),
-                "max_steps": e.max_steps, "max_depth": e.max_depth, "prompt_style": e.prompt_style,
+                "max_steps": demo.max_steps, "max_depth": e.max_depth, "prompt_style": e.prompt_style,
                 # Named only when on, so recipes (and shipped warm starts) from before the setting stay valid.
                 **({"token_history": True} if e.token_history else {})},
         "rollout": {"max_completion_tokens": r.max_completion_tokens, "max_prompt_tokens": r.max_prompt_tokens,
@@ -240,7 +241,7 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
         tasks, files = load_env_tasks(dataclasses.replace(cfg, env=demo_env(cfg)))
         tasks = random.Random(ws.seed).sample(list(tasks), min(ws.demo_tasks, len(tasks)))
         collect = collect_demos if cfg.env.name == "textcraft" else collect_textworld_demos
-        datums, stats = asyncio.run(collect(cfg, tokenizer, tasks))
+        datums, stats = asyncio.run(collect(dataclasses.replace(cfg, env=demo_env(cfg)), tokenizer, tasks))
         if not datums:
             raise RuntimeError("warm start: the oracle produced no demonstration "
                                "(check env.task_set, or warmstart.demo_task_set)")

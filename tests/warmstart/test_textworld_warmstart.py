@@ -296,6 +296,21 @@ def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start
     assert recipe(moved) != recipe(cfg) and not shipped_matches(moved)
 
 
+def test_rl_can_run_under_a_tighter_step_limit_than_the_demos_and_keep_the_shipped_warm_start():
+    """configs/tiny_textworld_tight.yaml: agents limited to 10 turns in RL and evaluation, the demos' limit named
+    (warmstart.demo_max_steps: 20), so its recipe is the default's; without it the recipe moves."""
+    from sera_jax.warmstart.sft import demo_env, recipe, shipped_matches
+
+    cfg = load_config([CONFIG])
+    tight = load_config(["configs/tiny_textworld_tight.yaml"])
+    assert tight.env.max_steps == tight.eval.max_steps == 10 < cfg.env.max_steps == demo_env(tight).max_steps
+    assert recipe(tight) == recipe(cfg) and shipped_matches(tight)
+    moved = load_config([CONFIG], ["env.max_steps=10"])
+    assert recipe(moved) != recipe(cfg) and not shipped_matches(moved)
+    with pytest.raises(Exception, match="warmstart.demo_max_steps"):
+        load_config([CONFIG], ["warmstart.demo_max_steps=0"])
+
+
 @pytest.mark.slow
 def test_the_shipped_scorer_and_judge_read_the_final_state_not_the_trajectory(cfg, tok, tasks, tmp_path):
     """tools/probe_textworld_scorer.py on oracle trees (honest and sabotaged children), each child also copied with
