@@ -7,9 +7,11 @@ child's rubric from the record, its replies and finish message, the scoring caps
 scored the world as it stood when the child returned: the same lines unless a sibling moved a dish in between).
 The truth is that state: every dish of the child's goal eaten. Printed: one row per (finish message given or
 not, own dish eaten or not) with the scorer's and the judge's verdicts, and their accuracy on each truth — the
-same children for every checkpoint, so two warm starts compare on identical inputs.
+same children for every checkpoint, so two warm starts compare on identical inputs. The children measured in
+README (311, from three training runs; their sampled tokens stripped) are
+``docs/tiny_textworld/scorer_probe/children.jsonl.gz``.
 
-Usage: python tools/probe_textworld_scorer.py TREES.jsonl [...] [--checkpoint RUN_OR_DIR]
+Usage: python tools/probe_textworld_scorer.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR]
        [--config configs/tiny_textworld.yaml] [--limit N] [--json OUT]
 (without ``--checkpoint``: the config's starting policy, e.g. the shipped warm start)
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gzip
 import json
 import re
 import sys
@@ -30,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from sera_jax.agents.judge import make_judge  # noqa: E402
-from sera_jax.agents.records import read_jsonl  # noqa: E402
+from sera_jax.agents.records import loads_tree, read_jsonl  # noqa: E402
 from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node  # noqa: E402
 from sera_jax.assembly.judge import judge_settings  # noqa: E402
 from sera_jax.assembly.settings import runtime_settings  # noqa: E402
@@ -59,11 +62,20 @@ def own_dish_eaten(node) -> bool:
     return bool(dishes) and all(eaten.get(d) for d in dishes)
 
 
+def _trees(path):
+    """Yields the trees of a ``trees.jsonl`` file, gzipped or not."""
+    if not str(path).endswith(".gz"):
+        yield from read_jsonl(path)
+        return
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        yield from (loads_tree(line) for line in fh if line.strip())
+
+
 def scored_children(paths, limit: int | None):
     """Yields (tree, node) for every child with a recorded rubric and score, at most ``limit`` of them."""
     seen = 0
     for path in paths:
-        for tree in read_jsonl(path):
+        for tree in _trees(path):
             for node in tree.nodes.values():
                 rs = node.rubric_score
                 if node.depth and rs is not None and rs.rubric is not None and rs.score is not None:
