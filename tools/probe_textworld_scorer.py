@@ -41,6 +41,7 @@ from sera_jax.config import load_config  # noqa: E402
 from sera_jax.evaluation.protocol import eval_engine_config, load_policy  # noqa: E402
 from sera_jax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
 from sera_jax.sampling import Engine  # noqa: E402
+from sera_jax.warmstart.textworld_oracle import eaten_dishes  # noqa: E402
 
 _LINE = re.compile(r"- (dish_\d+): (\d+)/(\d+) ingredients prepared, meal_prepared=(\w+), meal_eaten=(\w+)")
 
@@ -58,7 +59,7 @@ def own_dish_eaten(node) -> bool:
     """Whether every dish the child's goal names (``Prepare and eat dish_1[, dish_2]: …``) is eaten in its last
     observation."""
     dishes = re.findall(r"dish_\d+", node.goal.split(":", 1)[0])
-    eaten = {d: e == "True" for d, *_, e in _LINE.findall(node.misc.get("final_observation", ""))}
+    eaten = eaten_dishes(node.misc.get("final_observation", ""))
     return bool(dishes) and all(eaten.get(d) for d in dishes)
 
 

@@ -113,11 +113,15 @@ def final_state_span(text: str) -> tuple[int, int] | None:
     return start, (len(text) if end < 0 else end)
 
 
+def goal_dishes(text: str) -> list[str]:
+    """Returns the dish ids of a side call's goal (its last ``[Goal]`` / ``[Delegated Task]`` section)."""
+    return [d for d, _ in dish_specs((_SECTION.findall(text) or [("", "")])[-1][1])]
+
+
 def verdict(text: str) -> bool:
-    """Whether a score or judge prompt's final state shows every dish of its goal (the last ``[Goal]`` /
-    ``[Delegated Task]`` section) eaten: the oracle's score and label, read off the state alone."""
-    goal = (_SECTION.findall(text) or [("", "")])[-1][1]
-    dishes = [d for d, _ in dish_specs(goal)]
+    """Whether a score or judge prompt's final state shows every dish of its goal (``goal_dishes``) eaten: the
+    oracle's score and label, read off the state alone."""
+    dishes = goal_dishes(text)
     span = final_state_span(text)
     eaten = eaten_dishes(text[span[0]:span[1]]) if span else {}
     return bool(dishes) and all(eaten.get(d) for d in dishes)
@@ -131,9 +135,7 @@ def flip_final_state(text: str, rng: random.Random) -> str | None:
     and judge demo with its flip, so a scorer can only be right on both by reading the final state: sabotaged
     children alone let a small model score by the trajectory's look (short, no ``eat``) instead, and it then scored
     every real failure (a child out of turns, or eating a sibling's dish) a success."""
-    span = final_state_span(text)
-    goal = (_SECTION.findall(text) or [("", "")])[-1][1]
-    dishes = [d for d, _ in dish_specs(goal)]
+    span, dishes = final_state_span(text), goal_dishes(text)
     if span is None or not dishes:
         return None
     state = text[span[0]:span[1]]
@@ -218,9 +220,8 @@ class TextWorldOracle:
         goal = (_SECTION.findall(text) or [("", "")])[-1][1]
         if kind == "rubric":
             return rubric_text(goal)
-        dishes = [d for d, _ in dish_specs(goal)]
         success = verdict(text)
-        return score_text(success) if kind == "score" else judge_text(success, dishes)
+        return score_text(success) if kind == "score" else judge_text(success, goal_dishes(text))
 
     def agent_reply(self, text: str, tree_id: str, node_id: str, depth: int, turn: int) -> str:
         """Returns an agent turn's reply from its decoded prompt (see the module docstring)."""
