@@ -39,7 +39,7 @@ from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, fli
 
 ENV = "textworld_sync"
 # Bumped whenever the oracle or the choice of demonstrations changes what a TextWorld recipe builds.
-TEXTWORLD_DEMO_VERSION = 3  # 3: the verdict-flip demos (``verdict_flip_datums``)
+TEXTWORLD_DEMO_VERSION = 4  # 3: the verdict-flip demos (``verdict_flip_datums``); 4: their siblings' dishes flipped
 
 
 def _judge(cfg: Any, generator: Any, tokenizer: Any) -> SubagentJudge:

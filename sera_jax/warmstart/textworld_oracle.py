@@ -131,10 +131,13 @@ def flip_final_state(text: str, rng: random.Random) -> str | None:
     """Returns a score or judge prompt whose final state is rewritten so that its verdict is the other one, every
     other byte kept: a success's goal dishes (one of them, or all) left unfinished at a random point (some
     ingredients prepared, or all and the meal prepared but not eaten); a failure's goal dishes all prepared and
-    eaten. None when the prompt has no final state or no goal dish in it. The verdict-flip demos pair every score
-    and judge demo with its flip, so a scorer can only be right on both by reading the final state: sabotaged
-    children alone let a small model score by the trajectory's look (short, no ``eat``) instead, and it then scored
-    every real failure (a child out of turns, or eating a sibling's dish) a success."""
+    eaten. The other dishes of the shared world (a sibling's) are set against the new verdict: all eaten beside an
+    unfinished goal, unfinished beside an eaten one. None when the prompt has no final state or no goal dish in it.
+    The verdict-flip demos pair every score and judge demo with its flip, so a scorer can only be right on both by
+    reading its own goal's line: sabotaged children alone let a small model score by the trajectory's look (short,
+    no ``eat``) instead, and it then scored every real failure (a child out of turns, or eating a sibling's dish) a
+    success; flips that kept the siblings' lines taught it "some meal eaten" (26 of 31 wrong successes on the
+    tight-limit run's children had a sibling's dish eaten)."""
     span, dishes = final_state_span(text), goal_dishes(text)
     if span is None or not dishes:
         return None
@@ -145,17 +148,21 @@ def flip_final_state(text: str, rng: random.Random) -> str | None:
     success = verdict(text)
     spoil = set(present if rng.random() < 0.5 else [rng.choice(present)]) if success else set()
 
-    def line(m: re.Match) -> str:
-        dish, total = m.group(1), int(m.group(3))
-        if dish not in dishes:
-            return m.group(0)
-        if not success:
-            return f"- {dish}: {total}/{total} ingredients prepared, meal_prepared=True, meal_eaten=True"
-        if dish not in spoil:
-            return m.group(0)
+    def eaten(dish: str, total: int) -> str:
+        return f"- {dish}: {total}/{total} ingredients prepared, meal_prepared=True, meal_eaten=True"
+
+    def unfinished(dish: str, total: int) -> str:
         ready = rng.randrange(total + 1)
         prepared = ready == total and rng.random() < 0.5
         return f"- {dish}: {ready}/{total} ingredients prepared, meal_prepared={prepared}, meal_eaten=False"
+
+    def line(m: re.Match) -> str:
+        dish, total = m.group(1), int(m.group(3))
+        if dish not in dishes:  # a sibling's dish: against the new verdict
+            return eaten(dish, total) if success else unfinished(dish, total)
+        if not success:
+            return eaten(dish, total)
+        return unfinished(dish, total) if dish in spoil else m.group(0)
 
     flipped = _PROGRESS_LINE.sub(line, state)
     out = text[:span[0]] + flipped + text[span[1]:]

@@ -32,7 +32,9 @@ from sera_jax.warmstart.textworld_demos import (
 from sera_jax.warmstart.textworld_oracle import (
     TextWorldOracle,
     dish_specs,
+    eaten_dishes,
     final_state_span,
+    goal_dishes,
     goal_text,
     ingredient_names,
     is_progress,
@@ -169,6 +171,7 @@ def test_verdict_flip_demos_differ_from_their_call_only_in_the_final_state_and_t
     assert len(calls) >= 2 * len(tasks) and verdicts == {True, False}  # both verdicts among the originals
     flips = verdict_flip_datums(gen.records, tok, oracle, seed=0)
     assert len(flips) == len(calls)
+    sibling_lines = 0
     for (info, prompt, completion), d in zip(calls, flips):
         original = tok.decode(prompt)
         assert tok.encode(original) == list(prompt)  # re-encoding a decoded prompt is exact: the twin is a real prompt
@@ -181,6 +184,11 @@ def test_verdict_flip_demos_differ_from_their_call_only_in_the_final_state_and_t
         was = json.loads(tok.decode(completion).replace("<|im_end|>", ""))
         assert reply["success"] == (not was["success"]) and d.objective == "scoring"
         assert ("final_score" in reply) == (info.node_id.startswith("score"))
+        # A sibling's dish says the opposite of the new verdict: "some meal eaten" is not the child's success.
+        siblings = {k: v for k, v in eaten_dishes(twin[b0:b1]).items() if k not in goal_dishes(twin)}
+        assert all(v == was["success"] for v in siblings.values())
+        sibling_lines += len(siblings)
+    assert sibling_lines >= len(tasks)
 
 
 def test_demos_and_first_turns_are_what_the_runtime_sends(cfg, tok, tasks):
