@@ -49,7 +49,11 @@ CONFIG = "configs/tiny_textworld.yaml"
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config([CONFIG])
+    """The default as its demonstrations are played (``demo_env``: 20 own turns per agent, not RL's 10)."""
+    from sera_jax.warmstart.sft import demo_env
+
+    c = load_config([CONFIG])
+    return dataclasses.replace(c, env=demo_env(c))
 
 
 @pytest.fixture(scope="module")
@@ -304,17 +308,19 @@ def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start
     assert recipe(moved) != recipe(cfg) and not shipped_matches(moved)
 
 
-def test_rl_can_run_under_a_tighter_step_limit_than_the_demos_and_keep_the_shipped_warm_start():
-    """configs/tiny_textworld_tight.yaml: agents limited to 10 turns in RL and evaluation, the demos' limit named
-    (warmstart.demo_max_steps: 20), so its recipe is the default's; without it the recipe moves."""
+def test_the_default_runs_rl_under_a_tighter_step_limit_than_its_demos_and_keeps_the_shipped_warm_start():
+    """configs/tiny_textworld.yaml: agents limited to 10 turns in RL and evaluation, the demos' limit named
+    (warmstart.demo_max_steps: 20), so its recipe is the 20-turn setting's (tiny_textworld_20turns.yaml) and the
+    shipped warm start serves both; without the demos' limit named the recipe moves."""
     from sera_jax.warmstart.sft import demo_env, recipe, shipped_matches
 
     cfg = load_config([CONFIG])
-    tight = load_config(["configs/tiny_textworld_tight.yaml"])
-    assert tight.env.max_steps == tight.eval.max_steps == 10 < cfg.env.max_steps == demo_env(tight).max_steps
-    assert recipe(tight) == recipe(cfg) and shipped_matches(tight)
-    moved = load_config([CONFIG], ["env.max_steps=10"])
-    assert recipe(moved) != recipe(cfg) and not shipped_matches(moved)
+    wide = load_config(["configs/tiny_textworld_20turns.yaml"])
+    assert cfg.env.max_steps == cfg.eval.max_steps == 10
+    assert wide.env.max_steps == wide.eval.max_steps == demo_env(cfg).max_steps == demo_env(wide).max_steps == 20
+    assert recipe(cfg) == recipe(wide) and shipped_matches(cfg) and shipped_matches(wide)
+    moved = load_config([CONFIG], ["warmstart.demo_max_steps=null"])
+    assert moved.env.max_steps == 10 and recipe(moved) != recipe(cfg) and not shipped_matches(moved)
     with pytest.raises(Exception, match="warmstart.demo_max_steps"):
         load_config([CONFIG], ["warmstart.demo_max_steps=0"])
 
