@@ -6,10 +6,12 @@ child's rubric from the record, its replies and finish message, the scoring caps
 ``policy_frozen`` judge's call. The final state shown is the child's last observation's dish lines (training
 scored the world as it stood when the child returned: the same lines unless a sibling moved a dish in between).
 The truth is that state: every dish of the child's goal eaten. Printed: one row per (finish message given or
-not, own dish eaten or not, another dish eaten or not) with the scorer's and the judge's verdicts, and their accuracy on each truth — the
-same children for every checkpoint, so two warm starts compare on identical inputs. The children measured in
-README (311, from three training runs; their sampled tokens stripped) are
-``docs/tiny_textworld/scorer_probe/children.jsonl.gz``.
+not, own dish eaten or not, another dish eaten or not) with the scorer's and the judge's verdicts, and their
+accuracy on each truth — the same children for every checkpoint, so two warm starts compare on identical inputs.
+The children measured in README (their sampled tokens stripped) are in ``docs/tiny_textworld/scorer_probe/``:
+311 from three 20-turn training runs (``children.jsonl.gz``), 56 evaluation trees under 10 turns
+(``tight_eval_children.jsonl.gz``, with ``--oracle-rubric``) and the shipped warm start's first training trees
+(``train_v0_children_v4.jsonl.gz``); the ``*.json`` beside them are this tool's outputs.
 
 Usage: python tools/probe_textworld_scorer.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR]
        [--config configs/tiny_textworld.yaml] [--limit N] [--json OUT] [--oracle-rubric]
@@ -56,18 +58,13 @@ def state_of(observation: str) -> dict:
     return {"dishes": dishes}
 
 
-def own_dish_eaten(node) -> bool:
-    """Whether every dish the child's goal names (``Prepare and eat dish_1[, dish_2]: …``) is eaten in its last
-    observation."""
-    dishes = re.findall(r"dish_\d+", node.goal.split(":", 1)[0])
-    eaten = eaten_dishes(node.misc.get("final_observation", ""))
-    return bool(dishes) and all(eaten.get(d) for d in dishes)
-
-
-def other_dish_eaten(node) -> bool:
-    """Whether a dish the child's goal does not name (a sibling's) is eaten in its last observation."""
+def dishes_eaten(node) -> tuple[bool, bool]:
+    """Returns (every dish the child's goal names -- ``Prepare and eat dish_1[, dish_2]: …`` -- is eaten, another
+    dish (a sibling's) is eaten) in its last observation."""
     dishes = set(re.findall(r"dish_\d+", node.goal.split(":", 1)[0]))
-    return any(e for d, e in eaten_dishes(node.misc.get("final_observation", "")).items() if d not in dishes)
+    eaten = eaten_dishes(node.misc.get("final_observation", ""))
+    return (bool(dishes) and all(eaten.get(d) for d in dishes),
+            any(e for d, e in eaten.items() if d not in dishes))
 
 
 def _trees(path):
@@ -120,9 +117,9 @@ async def probe(cfg, checkpoint: str | None, paths, limit: int | None = None, co
     rows: dict = collections.defaultdict(lambda: {"scorer": collections.Counter(), "judge": collections.Counter()})
 
     async def one(k: int, tree, node, rubric) -> None:
-        truth = own_dish_eaten(node)
+        truth, other = dishes_eaten(node)
         key = ("finish" if node.finish_message else "no finish", "own dish eaten" if truth else "own dish not eaten",
-               "another eaten" if other_dish_eaten(node) else "no other eaten")
+               "another eaten" if other else "no other eaten")
         run = SimpleNamespace(tree=tree, generator=engine, tokenizer=policy.tokenizer, settings=settings,
                               root_key=jax.random.key(k))
         async with gate:
