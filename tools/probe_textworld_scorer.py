@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import gzip
 import json
 import re
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from sera_jax.agents.judge import make_judge  # noqa: E402
-from sera_jax.agents.records import loads_tree, read_jsonl  # noqa: E402
+from sera_jax.agents.records import read_jsonl  # noqa: E402
 from sera_jax.agents.rubric import parse_rubric  # noqa: E402
 from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node  # noqa: E402
 from sera_jax.assembly.judge import judge_settings  # noqa: E402
@@ -67,22 +66,13 @@ def dishes_eaten(node) -> tuple[bool, bool]:
             any(e for d, e in eaten.items() if d not in dishes))
 
 
-def _trees(path):
-    """Yields the trees of a ``trees.jsonl`` file, gzipped or not."""
-    if not str(path).endswith(".gz"):
-        yield from read_jsonl(path)
-        return
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        yield from (loads_tree(line) for line in fh if line.strip())
-
-
 def scored_children(paths, limit: int | None, oracle_rubric: bool = False):
     """Yields (tree, node, rubric) for every child with a recorded rubric and score, at most ``limit`` of them; with
     ``oracle_rubric``, also every child without one (an evaluation's trees: no rubric is written there), under the
     warm start's demonstrated rubric for its goal (``textworld_oracle.rubric_text``)."""
     seen = 0
     for path in paths:
-        for tree in _trees(path):
+        for tree in read_jsonl(path):
             for node in tree.nodes.values():
                 if not node.depth:
                     continue

@@ -66,6 +66,7 @@ children; descendant leaves of v = the leaves of v's subtree (v itself when v is
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -324,9 +325,10 @@ def write_jsonl(trees: Iterable[Tree], dest: str | Path | TextIO) -> int:
 
 
 def read_jsonl(src: str | Path | TextIO) -> Iterator[Tree]:
-    """Yields the trees of a JSONL file or stream, skipping blank lines."""
+    """Yields the trees of a JSONL file (gzipped when its name ends in ``.gz``) or stream, skipping blank lines."""
     if isinstance(src, (str, Path)):
-        with open(src, encoding="utf-8") as fh:
+        with (gzip.open(src, "rt", encoding="utf-8") if str(src).endswith(".gz")
+              else open(src, encoding="utf-8")) as fh:
             yield from read_jsonl(fh)
         return
     for line in src:

@@ -61,6 +61,18 @@ def messages(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in _MESSAGE.finditer(text)]
 
 
+def prompt_view(text: str) -> tuple[str, str, str, list[str]]:
+    """Returns (system message, the agent's task, the current observation, the valid actions) of an agent turn's
+    decoded prompt: the task closes its first user message, the observation and the valid-action list its last."""
+    msgs = messages(text)
+    system = msgs[0][1] if msgs else ""
+    first = next((c for r, c in msgs if r == "user"), "")
+    last = next((c for r, c in reversed(msgs) if r == "user"), "")
+    block = last.split(VALID_HEADER, 1)[-1].split("\n\n", 1)[0] if VALID_HEADER in last else ""
+    return (system, first.split("# Task\n", 1)[-1], last.split(VALID_HEADER, 1)[0],
+            [a for a in block.splitlines() if a.strip()])
+
+
 def dish_specs(task_text: str) -> list[tuple[str, str]]:
     """Returns [(dish id, "name (prep, prep), …")] of a task text (structured or coarse view) or of a sub-agent goal
     (``Prepare and eat dish_k: …``), in order."""
@@ -232,16 +244,9 @@ class TextWorldOracle:
 
     def agent_reply(self, text: str, tree_id: str, node_id: str, depth: int, turn: int) -> str:
         """Returns an agent turn's reply from its decoded prompt (see the module docstring)."""
-        msgs = messages(text)
-        system = msgs[0][1] if msgs else ""
-        first = next((c for r, c in msgs if r == "user"), "")
-        last = next((c for r, c in reversed(msgs) if r == "user"), "")
-        task = first.split("# Task\n", 1)[-1]
+        system, task, observation, valid = prompt_view(text)
         specs = dish_specs(task)
         dishes = [d for d, _ in specs]
-        block = last.split(VALID_HEADER, 1)[-1].split("\n\n", 1)[0] if VALID_HEADER in last else ""
-        valid = [a for a in block.splitlines() if a.strip()]
-        observation = last.split(VALID_HEADER, 1)[0]
         key = (tree_id, node_id)
         rng = self._rng(tree_id, node_id)
         if depth == 0:
