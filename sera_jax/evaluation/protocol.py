@@ -223,6 +223,7 @@ async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tok
         results = await asyncio.gather(*(one(t) for t in tasks))
     finally:
         if bar is not None:
+            bar.refresh()  # the final count is drawn even when the last tasks ended within tqdm's redraw interval
             bar.close()
     return [r[0] for r in results], [r[1] for r in results], [t for r in results for t in r[2]]
 
