@@ -99,6 +99,8 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(w.lr > 0, "warmstart.lr", f"must be positive, got {w.lr}")
     need(w.demo_max_steps is None or w.demo_max_steps >= 1, "warmstart.demo_max_steps",
          f"must be ≥ 1 (or null), got {w.demo_max_steps}")
+    need(w.child_rule == "greedy" or cfg.env.name != "textcraft", "warmstart.child_rule",
+         "is TextWorld-Sync's (the TextCraft oracle's sub-agents follow their own goal already)")
     need(w.copy_task_set is None or cfg.env.name != "textcraft", "warmstart.copy_task_set",
          "is TextWorld-Sync's (TextCraft's first-turn datums copy the demo tasks' goals)")
     need(not w.decay or w.steps > w.warmup_steps, "warmstart.decay",

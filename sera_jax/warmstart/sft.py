@@ -94,6 +94,8 @@ def recipe(cfg: Any) -> dict[str, Any]:
         del ws["decay"]
     if ws["copy_task_set"] is None:  # likewise
         del ws["copy_task_set"]
+    if ws["child_rule"] == "greedy":  # likewise
+        del ws["child_rule"]
     e, r, demo = cfg.env, cfg.rollout, demo_env(cfg)
     if e.name != "textcraft":  # what else shapes TextWorld's demos: world rules, fork groups, side-call caps
         m, j = cfg.method_config(), cfg.judge

@@ -164,7 +164,8 @@ def verdict_flip_datums(records: Sequence[tuple[Any, list[int], list[int]]], tok
 async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple[list[Datum], dict]:
     """Runs the oracle on ``tasks`` through the runtime (see the module docstring); returns (datums, stats)."""
     ws = cfg.warmstart
-    oracle = TextWorldOracle(tokenizer, delegate_prob=ws.delegate_prob, fail_prob=ws.fail_prob, seed=ws.seed)
+    oracle = TextWorldOracle(tokenizer, delegate_prob=ws.delegate_prob, fail_prob=ws.fail_prob, seed=ws.seed,
+                             child_rule=ws.child_rule)
     gen = RecordingGenerator(tokenizer, oracle)
     settings = dataclasses.replace(runtime_settings(cfg), deterministic=False)
     method = cfg.method_config()

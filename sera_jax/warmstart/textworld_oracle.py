@@ -19,6 +19,10 @@ cooks of what the shared inventory holds, then ``prepare`` and ``eat`` a dish):
   failed here: choosing among the valid actions by cross-referencing the goal at every turn, and writing the whole
   plan once and copying it on — a 0.9M-parameter warm start solved 0 of 17 and 0 of 152 held-out tasks with them:
   the plans it wrote from a goal were wrong, and the choices ungrounded);
+- with ``child_rule="own_goal"`` (``warmstart.child_rule``) a sub-agent takes instead the last progress action on
+  its own goal's ingredients or dishes, else walks (``own_goal_action``): two children on one world, prompted with
+  the same observation, then never take the same action, and each eats its own dish within the default's 10 turns
+  (under the greedy rule the world refuses ~44% of the children's turns and the root finishes their work);
 - the root opens a closed gate first (no agent then waits on it), and with probability ``delegate_prob`` (drawn once
   per tree) splits the task: one sub-agent per dish with ``<delegate>{"delegations": [...]}`` whose goal copies that
   dish's ingredient lines (``Prepare and eat dish_1: white onion (diced, grilled), salt (raw, uncut), …``); when its
@@ -112,6 +116,20 @@ def next_action(valid: Sequence[str], observation: str) -> str:
         return valid[-1]
     room = (_ROOM.findall(observation) or ["kitchen"])[-1]
     return "go to kitchen" if room == "pantry" else "go to pantry"
+
+
+def own_goal_action(valid: Sequence[str], observation: str, specs: Sequence[tuple[str, str]]) -> str:
+    """Returns a sub-agent's action under the ``own_goal`` rule: ``open door`` while offered, else the last valid
+    progress action on an ingredient of its goal's dishes (``specs``) or preparing or eating one of them, else a walk
+    to the other room where ingredients start (as ``next_action``)."""
+    if "open door" in valid:
+        return "open door"
+    names = {n for _, spec in specs for n in ingredient_names(spec)}
+    meals = {f"{verb} {d}" for d, _ in specs for verb in ("prepare", "eat")}
+    mine = [a for a in valid if is_progress(a) and (a in meals or any(f" {n} " in f" {a} " for n in names))]
+    if mine:
+        return mine[-1]
+    return next_action([], observation)
 
 
 def final_state_span(text: str) -> tuple[int, int] | None:
@@ -215,8 +233,12 @@ def judge_text(success: bool, dishes: Sequence[str]) -> str:
 class TextWorldOracle:
     """The oracle script (see the module docstring); ``sabotaged`` holds (tree id, node id) of children that lied."""
 
-    def __init__(self, tokenizer: Any, *, delegate_prob: float = 0.85, fail_prob: float = 0.25, seed: int = 0):
+    def __init__(self, tokenizer: Any, *, delegate_prob: float = 0.85, fail_prob: float = 0.25, seed: int = 0,
+                 child_rule: str = "greedy"):
+        if child_rule not in ("greedy", "own_goal"):
+            raise ValueError(f"child_rule must be 'greedy' or 'own_goal', got {child_rule!r}")
         self.tokenizer, self.delegate_prob, self.fail_prob, self.seed = tokenizer, delegate_prob, fail_prob, seed
+        self.child_rule = child_rule
         self.sabotaged: set[tuple[str, str]] = set()
         self.delegated: set[tuple[str, str]] = set()
         self.counts = {"rubric": 0, "score": 0, "judge": 0, "turns": 0}
@@ -262,4 +284,6 @@ class TextWorldOracle:
             return finish_text(dishes)  # claims the dish although it is not eaten
         if depth > 0 and dishes and all(eaten_dishes(observation).get(d) for d in dishes):
             return finish_text(dishes)
+        if depth > 0 and self.child_rule == "own_goal":
+            return f"<action>{own_goal_action(valid, observation, specs)}</action>"
         return f"<action>{next_action(valid, observation)}</action>"

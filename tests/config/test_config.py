@@ -74,6 +74,8 @@ def test_overrides_are_coerced_to_the_field_type():
     ("method.rubric_baseline_scope=batch", "method.rubric_baseline_scope: expected one of ['task', 'step']"),
     ("rollout.rubric_stage_tasks_per_step=0", "rollout.rubric_stage_tasks_per_step: must be positive"),
     ("warmstart.exhaust_share=1.5", "warmstart.exhaust_share: must lie in [0, 1], got 1.5"),
+    ("warmstart.child_rule=own_goal", "warmstart.child_rule: is TextWorld-Sync's"),
+    ("warmstart.child_rule=helpful", "warmstart.child_rule: expected one of"),
     ("warmstart.fork_demo_tasks=500", "warmstart.fork_demo_tasks: must lie in [0, warmstart.demo_tasks = 200]"),
     ("model.preset=qwen-7b", "model.preset: unknown Qwen3 preset 'qwen-7b'"),
     ("mesh.fsdp=3", "mesh.fsdp: size 3 does not divide model dimensions"),

@@ -40,6 +40,7 @@ from sera_jax.warmstart.textworld_oracle import (
     is_progress,
     judge_text,
     next_action,
+    own_goal_action,
     rubric_text,
     score_text,
 )
@@ -126,6 +127,38 @@ def test_a_sub_agent_acts_until_its_dish_is_eaten_then_finishes(tok):
     done = busy.replace("meal_prepared=False, meal_eaten=False", "meal_prepared=True, meal_eaten=True", 1)
     assert oracle.agent_reply(prompt(done, ["look around", "take water"]), "t", "root/a", 1, 3) == \
         "<finish>Prepared and ate dish_1.</finish>"
+
+
+def test_the_own_goal_rule_acts_only_on_its_own_dish():
+    kitchen = "You are in the kitchen.\nVisible objects: (none)"
+    specs = dish_specs("Prepare and eat dish_1: white onion (diced), salt (raw, uncut).")
+    start = ["look around", "go to pantry", "take knife"]
+    assert own_goal_action(start + ["take salt", "take water"], kitchen, specs) == "take salt"  # not the sibling's
+    assert own_goal_action(start + ["dice white onion", "take red onion"], kitchen, specs) == "dice white onion"
+    assert own_goal_action(start + ["prepare dish_2", "prepare dish_1"], kitchen, specs) == "prepare dish_1"
+    assert own_goal_action(start + ["eat dish_2"], kitchen, specs) == "go to pantry"  # nothing of its own here
+    assert own_goal_action(start + ["open door", "take salt"], kitchen, specs) == "open door"
+    with pytest.raises(ValueError, match="child_rule"):
+        TextWorldOracle(None, child_rule="helpful")
+
+
+def test_under_ten_turns_greedy_children_collide_and_own_goal_children_each_finish_their_dish(tok, tasks):
+    """The default's 10 own turns: with the greedy rule both children take the same action from the same
+    observation and the world refuses the second (the root finishes the work after they return); with the
+    own_goal rule no turn is refused and every child eats its own dish."""
+    cfg10 = load_config([CONFIG])
+    assert cfg10.env.max_steps == 10
+    for rule in ("greedy", "own_goal"):
+        _, _, trees = _play(cfg10, tok, tasks, delegate_prob=1.0, fail_prob=0.0, child_rule=rule)
+        assert all(t.root.reward == 1.0 for t in trees)
+        children = [n for t in trees for n in t.nodes.values() if n.depth]
+        refused = sum(bool(x.error) for n in children for x in n.turns)
+        own = [all(eaten_dishes(n.misc.get("final_observation", "")).get(d) for d, _ in dish_specs(n.goal))
+               for n in children]
+        if rule == "greedy":
+            assert refused > 0 and not all(own)
+        else:
+            assert refused == 0 and all(own) and len(children) == 2 * len(trees)
 
 
 def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok, tasks):
@@ -287,6 +320,9 @@ def test_shipped_warm_start_is_the_configs():
     assert stats["oracle_root_success"] == 1.0 and stats["judge_calls"] > 0
     changed = load_config([CONFIG], ["warmstart.fail_prob=0.5"])
     assert recipe(changed) != recipe(cfg) and not shipped_matches(changed)
+    assert "child_rule" not in recipe(cfg)  # the default rule is not named: recipes from before it stay valid
+    own = load_config([CONFIG], ["warmstart.child_rule=own_goal"])
+    assert recipe(own)["warmstart"]["child_rule"] == "own_goal" and not shipped_matches(own)
 
 
 def test_rl_tasks_can_differ_from_the_demo_tasks_and_keep_the_shipped_warm_start():
