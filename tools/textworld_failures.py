@@ -80,14 +80,10 @@ def tree_view(tree) -> dict:
         mode = MODES[1]
     else:
         mode = MODES[2]
-    children = [tree.nodes[c] for d in delegations for c in d.child_ids if c in tree.nodes]
-    first = collections.Counter()
-    for d in delegations:
-        for c in d.child_ids:
-            if c in tree.nodes:
-                kind = first_action_kind(tree.nodes[c], [g for g, o in zip(d.goals, d.child_ids) if o != c])
-                if kind:
-                    first[kind] += 1
+    pairs = [(d, c) for d in delegations for c in d.child_ids if c in tree.nodes]
+    children = [tree.nodes[c] for _, c in pairs]
+    kinds = (first_action_kind(tree.nodes[c], [g for g, o in zip(d.goals, d.child_ids) if o != c]) for d, c in pairs)
+    first = collections.Counter(k for k in kinds if k)
     return {"solved": solved, "mode": mode,
             "child_turns": sum(len(c.turns) for c in children),
             "child_invalid": sum(bool(t.error) for c in children for t in c.turns),
