@@ -21,7 +21,7 @@ def _on_host():
     # Keys are made on the event loop for every turn: keep them on the host CPU so that no accelerator dispatch
     # (and no device sync) sits between agents; the engine reads the key words anyway.
     try:
-        return jax.default_device(jax.devices("cpu")[0])
+        return jax.default_device(jax.local_devices(backend="cpu")[0])  # this process's (a multi-host job)
     except RuntimeError:
         return contextlib.nullcontext()
 

@@ -23,6 +23,20 @@ def load_or_report(args: Sequence[str], *, check_paths: bool = True) -> RunConfi
         return None
 
 
+def start_processes(prog: str) -> bool:
+    """Starts a multi-host job's distributed runtime when the environment names one (``SERA_COORDINATOR``,
+    ``SERA_NUM_PROCESSES``, ``SERA_PROCESS_ID``); returns False after printing ``error: …`` when it cannot.
+    Call it first: nothing may touch the XLA backend before it."""
+    from sera_jax.parallel.hosts import DistributedError, start_distributed
+
+    try:
+        start_distributed()
+    except DistributedError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def use_compilation_cache() -> str | None:
     """Turns on JAX's persistent compilation cache for a command's run; returns its directory (None: off).
 

@@ -9,11 +9,11 @@ import sys
 
 from tqdm import tqdm
 
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report, use_compilation_cache
+from sera_jax.cli.common import CONFIG_ERROR, load_or_report, start_processes, use_compilation_cache
 from sera_jax.experiments.default_run import run_default
 from sera_jax.experiments.dry_run import dry_run
 from sera_jax.training.build import train_from_config
-from sera_jax.training.loop import StepOutcome
+from sera_jax.training.loop import StepOutcome, StopRequested
 
 SHOWN = ("groups_accepted", "groups_started", "trainable_datums", "root_success", "delegation_rate",
          "rubric_ranking_auc", "loss", "grad_norm", "time/rollout_s", "time/train_s")
@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="one attempt at each stage of the schedule (rollouts, credit, step) in a fresh directory")
     p.add_argument("--out", default=None, help="run directory (default: train.out_dir)")
     args = p.parse_args(argv)
+    if not start_processes("sera-train"):  # a multi-host job's runtime first: nothing may touch the backend before
+        return CONFIG_ERROR
     cfg = load_or_report(args.args)
     if cfg is None:
         return CONFIG_ERROR
@@ -71,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sera-train: interrupted; the same command resumes ({out} keeps the newest checkpoint and the "
               "finished evaluations)", file=sys.stderr)
         return 130
+    except StopRequested as e:
+        # A multi-host job: every process agreed at one step's exchange, saved together and ends here.
+        bar.close()
+        out = args.out or cfg.train.out_dir
+        print(f"sera-train: stopped by signal {e.signum} (on process {', '.join(map(str, e.by))}); the same command "
+              f"on every process resumes ({out} keeps the newest checkpoint)", file=sys.stderr)
+        return 128 + e.signum
     finally:
         bar.close()
     return 0

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import jax
+
 from sera_jax.config import RunConfig
 from sera_jax.rl.stages import parse_schedule
 from sera_jax.training.build import build_loop
@@ -34,6 +36,8 @@ async def dry_run(cfg: RunConfig, *, out_dir: str | Path | None = None,
     would compile, and each compiles on first use instead."""
     cfg = without_missing_warm_start(cfg)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, warmup=False))
+    if out_dir is None and jax.process_count() > 1:
+        raise ValueError("a multi-process dry run needs --out DIR, a directory every process sees")
     out = out_dir or tempfile.mkdtemp(prefix="sera-dry-run-")
     async with build_loop(cfg, out_dir=out) as loop:
         outcomes = []

@@ -159,7 +159,7 @@ def load_pretrained(hf_dir: str | Path, *, mesh: Mesh | None = None, rules=None,
     if mesh is not None:
         shardings = param_shardings(cfg, mesh, rules or TRAIN_RULES)
     else:
-        device = SingleDeviceSharding(jax.devices()[0])
+        device = SingleDeviceSharding(jax.local_devices()[0])
         shardings = jax.tree.map(lambda _: device, target)
 
     maps = _mappings(cfg)

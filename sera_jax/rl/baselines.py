@@ -151,10 +151,33 @@ def assign_rubric_advantages(datums: Sequence[Datum]) -> list[Datum]:
     return [next(it) if d.trainable else d for d in datums]
 
 
-def apply_depth_weights(datums: Sequence[Datum], gamma: float | None = None) -> list[Datum]:
+def depth_histogram(datums: Sequence[Datum]) -> dict[int, tuple[int, int]]:
+    """Returns {depth: (trainable datums, trajectory starts)} of ``datums``: what depth weighting needs of a step's
+    batch, small enough to gather from every process of a multi-host step and add up."""
+    hist: dict[int, tuple[int, int]] = {}
+    for d in datums:
+        if d.trainable:
+            c, t = hist.get(d.traj_depth, (0, 0))
+            hist[d.traj_depth] = (c + 1, t + d.traj_start)
+    return hist
+
+
+def apply_depth_weights(datums: Sequence[Datum], gamma: float | None = None,
+                        histogram: Mapping[int, tuple[int, int]] | None = None) -> list[Datum]:
     """Returns the step batch's trainable datums with scalar × depth weight (inverse trajectory frequency, or
-    γ^depth when ``gamma`` is set); non-trainable datums are removed first, as the trainer does."""
+    γ^depth when ``gamma`` is set); non-trainable datums are removed first, as the trainer does.
+
+    ``histogram`` is the whole step's ``depth_histogram`` when ``datums`` are one process's share of it (a
+    multi-host step): the weights are then those of the whole batch. None: ``datums`` are the whole batch."""
     live = [d for d in datums if d.trainable]
+    if histogram is not None:
+        if gamma is not None:
+            count = sum(c for c, _ in histogram.values())
+            mean = sum(c * float(gamma) ** d for d, (c, _) in histogram.items()) / count if count else 0.0
+            return _with(live, [d.scalar * (float(gamma) ** d.traj_depth / mean if mean > 0 else 1.0)
+                                for d in live])
+        w = depth_weights({d: t for d, (_, t) in histogram.items()}, {d: c for d, (c, _) in histogram.items()})
+        return _with(live, [d.scalar * w[d.traj_depth] for d in live])
     if gamma is not None:
         return _with(live, [d.scalar * w for d, w in zip(live, gamma_depth_weights([d.traj_depth for d in live],
                                                                                     gamma))])
@@ -247,17 +270,34 @@ def _signed(datums: Sequence[Datum], sign: float) -> list[Datum]:
 
 # ------------------------------------------------------------------------------------- the step's task groups
 
-def step_rubric_credit(groups: Sequence[GroupCredit], sign: float = 1.0) -> list[GroupCredit]:
+def step_rubric_rewards(groups: Sequence[GroupCredit]) -> list[float]:
+    """Returns the ranking rewards of the step's live rubric datums in order (what ``step_rubric_credit`` pools)."""
+    live = [d for g in groups for d in g.datums if d.trainable and d.objective == "rubric_generation"]
+    if any("reward" not in d.meta for d in live):
+        raise ValueError("rubric datums carry no ranking reward (meta['reward']); built by rubric_datums?")
+    return [float(d.meta["reward"]) for d in live]
+
+
+def step_rubric_credit(groups: Sequence[GroupCredit], sign: float = 1.0, *, pool: Sequence[float] | None = None,
+                       offset: int = 0) -> list[GroupCredit]:
     """Returns the step's rubric-generation task groups with every ranked fork group's advantage re-based on the
     leave-one-out mean of *all* the step's ranked groups (``method.rubric_baseline_scope = "step"``) instead of
     its own task's (§5.2). Each datum's ranking reward is read from ``meta["reward"]``; placeholders and other
     stages' datums pass through. With K = 1 in the whole step the advantage is 0, as in §5.2. ``sign`` is
-    ``method.rubric_advantage_sign`` (-1: the flipped control)."""
+    ``method.rubric_advantage_sign`` (-1: the flipped control).
+
+    ``pool`` is the whole step's ``step_rubric_rewards`` when ``groups`` are one process's share of the step (a
+    multi-host step), and ``offset`` where this share's rewards start in it."""
     live = [d for g in groups for d in g.datums if d.trainable and d.objective == "rubric_generation"]
+    rewards = step_rubric_rewards(groups)
+    if pool is None:
+        if not live:
+            return list(groups)
+        pool, offset = rewards, 0
+    elif list(pool[offset:offset + len(rewards)]) != rewards:
+        raise ValueError("this share's rubric rewards are not at the given offset of the step's pool")
     if not live:
         return list(groups)
-    if any("reward" not in d.meta for d in live):
-        raise ValueError("rubric datums carry no ranking reward (meta['reward']); built by rubric_datums?")
-    adv = np.asarray(loo_advantages([d.meta["reward"] for d in live], [0] * len(live)))
+    adv = np.asarray(loo_advantages(list(pool), [0] * len(pool)))[offset:offset + len(live)]
     new = {id(d): dataclasses.replace(d, scalar=sign * float(a)) for d, a in zip(live, adv)}
     return [GroupCredit([new.get(id(d), d) for d in g.datums], g.accepted) for g in groups]

@@ -104,7 +104,7 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.model_cfg = cfg
         self.cfg = cfg.replace(dtype=config.dtype, param_dtype=config.dtype, remat=False)
-        self.mesh = mesh or make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+        self.mesh = mesh or make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1])
         self.rules = rules
         self.tokenizer = tokenizer
         self.seed = int(seed) & 0xFFFFFFFF

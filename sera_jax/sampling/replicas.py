@@ -35,6 +35,20 @@ from sera_jax.sampling.publish import publish_fn
 from sera_jax.sampling.types import GenerationResult, SamplingParams
 
 
+def local_copy(params):
+    """Returns ``params`` as arrays on this process's first local device of their mesh (unchanged when this process
+    holds them whole). In a multi-host job the trainer's FSDP shards live on every host: one collective program
+    replicates them (every process must call this at the same point), and this process keeps its device's copy —
+    what an engine or a frozen judge is built from."""
+    leaves = jax.tree.leaves(params)
+    if not leaves or getattr(leaves[0], "is_fully_addressable", True):
+        return params
+    mesh = leaves[0].sharding.mesh
+    out = publish_fn(leaves[0].dtype.name, jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), params))(params)
+    dev = next(d for d in mesh.devices.flat if d.process_index == jax.process_index())
+    return jax.tree.map(lambda a: next(s.data for s in a.addressable_shards if s.device == dev), out)
+
+
 class EngineReplicas:
     """The ``Generator`` API (``generate``, ``load_weights``, ``version``, ``close``) over independent engines."""
 
@@ -140,8 +154,11 @@ class EngineReplicas:
         mesh = sharding.mesh
         devices = [e.mesh.devices.flat[0] for e in self.engines]
         local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-        if sorted(d.id for d in devices) != sorted(d.id for d in local):
+        if not set(d.id for d in devices) <= set(d.id for d in local):
             return None
+        if sorted(d.id for d in devices) != sorted(d.id for d in local) and leaves[0].is_fully_addressable:
+            return None  # one process, engines on some of its devices: each engine copies the weights itself
+        # (Several processes: the replicating program is collective, so every process runs it whatever its engines.)
         out = publish_fn(self.engines[0].cfg.dtype, jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()),
                                                                   params))(params)
         return [jax.tree.map(lambda a, d=d: next(s.data for s in a.addressable_shards if s.device == d), out)

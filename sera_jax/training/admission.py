@@ -119,9 +119,13 @@ class Admission:
 
     # ------------------------------------------------------------------------------------------------ a step
 
-    async def collect(self, stage: str, version: int, ranks: int, *, max_attempts: int
+    async def collect(self, stage: str, version: int, ranks: int | Sequence[int], *, max_attempts: int
                       ) -> tuple[list[AdmittedGroup], dict[str, Any]]:
         """Returns one accepted group per rank (rank order) for the step at ``version`` and statistics.
+
+        ``ranks`` is the rank count (ranks 0..ranks-1) or, in a multi-host step, the ranks this process runs
+        (``parallel.hosts.deal_ranks``): each rank draws from its own data shard, so the union of the processes'
+        groups is what one process running every rank would collect.
 
         ``stats["tree_records"]`` holds every finished group's trees (rejected ones included) for the records;
         at most ``max_attempts`` groups are started by this call (a bound on replacements for a policy that never
@@ -135,14 +139,15 @@ class Admission:
                 raise RuntimeError(f"a {e.stage} group is still running at a {stage} step: staleness across "
                                    "stages needs max_head_offpolicyness = 0 (multi-stage schedules require it)")
         got: dict[int, AdmittedGroup] = {}
-        while len(got) < ranks:
-            for r in range(ranks):
+        rank_ids = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
+        while len(got) < len(rank_ids):
+            for r in rank_ids:
                 if r not in got and stats["groups_started"] < max_attempts:
                     self._start(r, stage, version, False, stats)
-            for r in range(ranks):
+            for r in rank_ids:
                 if r not in got:
                     self._take(r, version, stats, got)
-            waiting = [r for r in range(ranks) if r not in got]
+            waiting = [r for r in rank_ids if r not in got]
             if not waiting:
                 break
             heads = [self.queues[r][0].future for r in waiting if self.queues.get(r)]
@@ -150,7 +155,7 @@ class Admission:
                 break  # the attempt bound ran out with nothing left running
             await asyncio.wait(heads, return_when=asyncio.FIRST_COMPLETED)
         # The poll that collects a rank's group starts its next one when the bound lets it run across the update.
-        for r in range(ranks):
+        for r in rank_ids:
             if r in got and stats["groups_started"] < max_attempts:
                 self._start(r, stage, version, True, stats)
         await self._retire(version + 1, stats)

@@ -28,11 +28,12 @@ from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import RunConfig, check_mesh
 from sera_jax.model import init_params, load_pretrained
-from sera_jax.parallel.mesh import initialize_distributed, make_mesh
+from sera_jax.parallel.hosts import Exchange, PeerWatch, finish_distributed, start_distributed
+from sera_jax.parallel.mesh import make_mesh
 from sera_jax.rl.optim import make_optimizer
-from sera_jax.sampling.replicas import EngineReplicas
+from sera_jax.sampling.replicas import EngineReplicas, local_copy
 from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
-from sera_jax.training.loop import Loop, StepOutcome
+from sera_jax.training.loop import Loop, NoTrainableData, StepOutcome, StopRequested
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.step import make_train_step, shard_train_state
 from sera_jax.training.task_stream import TaskStream
@@ -46,23 +47,25 @@ def task_stream(cfg: RunConfig, num_tasks: int) -> TaskStream:
                       reshuffle=t.reshuffle_each_epoch)
 
 
-def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
+def initial_params_from_run(run_dir: str | Path, model_cfg, mesh=None) -> Any:
     """Returns the newest checkpoint's parameters of the run at ``run_dir`` (``model.init_from``, e.g. the warm
-    start), cast to ``model_cfg``'s parameter dtype. Raises ValueError when its architecture differs."""
+    start), cast to ``model_cfg``'s parameter dtype, restored straight into the trainer's layout on ``mesh`` (any
+    process count may have written it). Raises ValueError when its architecture differs."""
     ck_dir = Path(run_dir) / "checkpoints"
     if not ck_dir.is_dir():
         raise FileNotFoundError(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
     ck = Checkpointer(ck_dir)
     try:
-        saved_cfg, params, _ = ck.restore_model()
+        saved = ck.read_meta().get("model_config", {})
+        fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                  "head_dim", "tie_word_embeddings")
+        diff = [f"{f}: {saved.get(f)} vs {getattr(model_cfg, f)}" for f in fields
+                if saved.get(f) != getattr(model_cfg, f)]
+        if diff:
+            raise ValueError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
+        _, params, _ = ck.restore_model(mesh=mesh)
     finally:
         ck.close()
-    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-              "head_dim", "tie_word_embeddings")
-    diff = [f"{f}: {getattr(saved_cfg, f)} vs {getattr(model_cfg, f)}" for f in fields
-            if getattr(saved_cfg, f) != getattr(model_cfg, f)]
-    if diff:
-        raise ValueError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
     dtype = jax.numpy.dtype(model_cfg.param_dtype)
     return jax.tree.map(lambda x: x.astype(dtype), params)
 
@@ -71,7 +74,9 @@ def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
 async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> AsyncIterator[Loop]:
     """Yields a ready ``Loop`` for ``cfg`` (resumed from the newest checkpoint in the run directory, if any) and
     closes its engine, env workers, checkpointer and metrics on exit."""
-    initialize_distributed()
+    start_distributed()  # a no-op when the command started it (it must precede any backend use)
+    multi = jax.process_count() > 1
+    exchange = Exchange("train") if multi else None
     out_dir = Path(out_dir or cfg.train.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     check_mesh(cfg, jax.device_count())
@@ -83,7 +88,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                          f"vocab_size {model_cfg.vocab_size}")
     key = jax.random.key(cfg.train.seed)
     if cfg.model.init_from is not None:
-        params = initial_params_from_run(cfg.model.init_from, model_cfg)
+        params = initial_params_from_run(cfg.model.init_from, model_cfg, mesh=mesh)
     elif cfg.model.hf_dir is not None:
         _, params = load_pretrained(cfg.model.hf_dir, mesh=mesh, param_dtype=model_cfg.param_dtype,
                                     dtype=model_cfg.dtype)
@@ -105,7 +110,9 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     local = jax.local_devices()
     n_engines = num_engines(cfg, local)
     kv = KV_FRACTION - (JUDGE_KV_FRACTION if frozen_judge else 0.0)
-    engine = EngineReplicas.build(model_cfg, state.params, engine_config(cfg, sampler_dtype, n_engines, kv),
+    # This process's copy of the weights (a collective replicate in a multi-host job) seeds its engines.
+    host_params = local_copy(state.params)
+    engine = EngineReplicas.build(model_cfg, host_params, engine_config(cfg, sampler_dtype, n_engines, kv),
                                   devices=local[:n_engines], tokenizer=tokenizer, seed=cfg.train.seed)
     judge = judge_engine = None
     if tw_rubric_stage or tw_execution_judge:
@@ -113,7 +120,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
             # The initial policy's weights, never updated (the run's restore comes later and publishes only to
             # the policy engines): labels do not drift with training.
             judge_engine = frozen_policy_engine(
-                model_cfg, state.params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
+                model_cfg, host_params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
                                                        JUDGE_KV_FRACTION), tokenizer, device=local[0])
         judge = make_judge(env, judge_settings(cfg), generator=judge_engine, tokenizer=tokenizer)
     # Labels come after a group's trees, j.concurrency requests in flight over all groups (recipes.md §1b, §3):
@@ -158,7 +165,9 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                 metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
                                                 data_files=data_files), trees_dir=out_dir / "trees",
                 engine_stats=engine.stats, engines=engine,
-                warm_micro_batches=tuple(cfg.train.warmup_micro_batches))
+                warm_micro_batches=tuple(cfg.train.warmup_micro_batches), exchange=exchange,
+                trees_suffix=f".p{jax.process_index()}" if multi else "")
+    del host_params
     loop.tokenizer = tokenizer  # for callers that render trees or evaluate
     loop.engine = engine  # EngineReplicas: the policy's sampling engines
     loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
@@ -167,9 +176,19 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
             judge_engine.warmup()
         loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
     loop.restore_latest()
+    watch = PeerWatch(prog="sera-train").start() if multi else None
+    stop_signals = _stop_on_signals(loop) if multi else []
+    agreed = True  # every process leaves together (not after this process's own error: its peers are elsewhere)
     try:
         yield loop
+    except (StopRequested, NoTrainableData):
+        raise
+    except BaseException:
+        agreed = False
+        raise
     finally:
+        for sig in stop_signals:
+            asyncio.get_running_loop().remove_signal_handler(sig)
         engine.close()
         if judge_engine is not None:
             judge_engine.close()
@@ -177,6 +196,20 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
             await pool.close()
         checkpointer.close()
         metrics.close()
+        if multi and agreed:
+            finish_distributed(exchange, watch)
+
+
+def _stop_on_signals(loop: Loop) -> list[int]:
+    """Routes SIGINT and SIGTERM to ``loop.request_stop`` (a multi-host job: every process must reach the same
+    step's exchange and save together, so a signal must not unwind one process on its own); returns them."""
+    import signal
+
+    ev = asyncio.get_running_loop()
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    for sig in sigs:
+        ev.add_signal_handler(sig, loop.request_stop, int(sig))
+    return sigs
 
 
 async def train_from_config(cfg: RunConfig, *, out_dir: str | Path | None = None, max_attempts: int | None = None,

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sera_jax.model import Qwen3Config, abstract_params
+from sera_jax.model import Qwen3Config, abstract_params, param_shardings
 from sera_jax.training.step import TrainState
 
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "sera-jax")
@@ -164,25 +164,39 @@ class Checkpointer:
         return dict(self.manager.restore(version, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
 
     def restore_params(self, like_params, version: int | None = None) -> tuple[Any, dict[str, Any]]:
-        """Returns (params, meta) at ``version`` (default latest) without reading the optimizer state."""
+        """Returns (params, meta) at ``version`` (default latest) without reading the optimizer state.
+
+        Leaves of ``like_params`` with a sharding are restored into it; leaves without one onto this process's
+        first device. Never the layout that was saved: a checkpoint written by another process count or device
+        count names devices this process may not have."""
         version = self.latest() if version is None else version
         if version is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+        def target(x):
+            sd = ocp.utils.to_shape_dtype_struct(x)
+            return sd if getattr(sd, "sharding", None) is not None else jax.ShapeDtypeStruct(sd.shape, sd.dtype,
+                                                                                             sharding=here)
         out = self.manager.restore(version, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like_params)),
-            meta=ocp.args.JsonRestore()))
+            params=ocp.args.StandardRestore(jax.tree.map(target, like_params)), meta=ocp.args.JsonRestore()))
         return out.params, dict(out.meta)
 
-    def restore_model(self, version: int | None = None):
+    def restore_model(self, version: int | None = None, *, mesh=None):
         """Returns (Qwen3Config, params, meta) of ``version`` (default latest) from the model config recorded in
-        the metadata, without reading the optimizer state."""
+        the metadata, without reading the optimizer state: on ``mesh`` in the trainer's layout (a multi-host job:
+        every process reads its own shards), else on this process's first device."""
 
         meta = self.read_meta(version)
         if "model_config" not in meta:
             raise ValueError(f"checkpoint {self.directory} version {meta.get('version')} has no model_config in "
                              "its metadata")
         cfg = Qwen3Config(**meta["model_config"])
-        params, meta = self.restore_params(abstract_params(cfg), meta["version"])
+        like = abstract_params(cfg)
+        if mesh is not None:
+            like = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), like,
+                                param_shardings(cfg, mesh))
+        params, meta = self.restore_params(like, meta["version"])
         return cfg, params, meta
 
     def wait(self) -> None:

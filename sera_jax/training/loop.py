@@ -45,6 +45,7 @@ from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.keys import warm_keys
 from sera_jax.agents.phases import phase_times, tracing
 from sera_jax.agents.records import write_jsonl
+from sera_jax.parallel.hosts import deal_ranks
 from sera_jax.rl.baselines import (
     GroupCredit,
     apply_depth_weights,
@@ -53,7 +54,7 @@ from sera_jax.rl.baselines import (
     task_group_credit,
     warm_credit,
 )
-from sera_jax.rl.batch import pack_datums
+from sera_jax.rl.batch import bucket_length, pack_datums
 from sera_jax.rl.stages import MethodConfig, position
 from sera_jax.sampling import compile_watch
 from sera_jax.training.admission import Admission
@@ -63,6 +64,7 @@ from sera_jax.training.checkpoint import (
     key_to_json,
 )
 from sera_jax.training.metrics import MetricsWriter
+from sera_jax.training.shared_step import SharedStep, local_figures
 from sera_jax.training.stats import tree_metrics
 from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches, step_shapes
 from sera_jax.training.task_stream import TaskStream
@@ -70,6 +72,14 @@ from sera_jax.training.task_stream import TaskStream
 
 class NoTrainableData(RuntimeError):
     """Training cannot progress: too many consecutive steps were skipped for lack of trainable data."""
+
+
+class StopRequested(Exception):
+    """Every process of the job agreed to stop at this step (a signal reached ``by``); the run saves and ends."""
+
+    def __init__(self, signum: int, by: Sequence[int] = (0,)):
+        super().__init__(f"signal {signum} on process {', '.join(map(str, by))}")
+        self.signum, self.by = signum, list(by)
 
 
 @dataclasses.dataclass
@@ -111,6 +121,36 @@ def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trai
     return batch, info
 
 
+def build_shared_batch(groups: Sequence[GroupCredit], shared: SharedStep, method: MethodConfig, *,
+                       min_trainable: int, token_budget: int, buckets: Sequence[int], row_multiple: int,
+                       warmed_micro_batches: Sequence[int], agree: Callable[[int], int]):
+    """Returns (this process's rows of the stacked micro-batches or None, info) for a multi-host step.
+
+    The skip rule, the depth weights, the row length T and the loss-token count come from the whole step's
+    gathered figures, so every process packs its own datums into micro-batches of the same [rows / P, T] and the
+    CISPO token mean divides by the step's tokens; ``agree(n)`` returns the largest local micro-batch count (a
+    gather), padded like ``build_batch``'s. The global batch is the processes' rows side by side."""
+    info = {"datums": sum(f["datums"] for f in shared.figures), "trainable_datums": shared.trainable}
+    if step_is_skipped(shared.trainable, min_trainable):
+        return None, {**info, "reason": f"{shared.trainable} trainable datums < {min_trainable} (one per rank)"}
+    processes = len(shared.figures)
+    if row_multiple % processes:
+        raise ValueError(f"the batch split ({row_multiple} devices) is not a multiple of the {processes} processes")
+    local_rows = row_multiple // processes
+    trainable = [d for g in groups for d in g.datums if d.trainable]
+    if method.depth_level_weighting:
+        trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma,
+                                        histogram=shared.depth_histogram())
+    row_len = bucket_length(max(shared.max_len, 1), buckets)
+    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_len=row_len,
+                         num_tokens=shared.loss_tokens, row_groups=local_rows)
+    num = micro_batch_count(agree(len(packed.micro_batches)), warmed_micro_batches)
+    batch = stack_micro_batches(packed.micro_batches, row_multiple=local_rows, num=num)
+    info.update(micro_batches=num, loss_tokens=shared.loss_tokens, rows=int(batch.tokens.shape[1]) * processes,
+                row_len=int(batch.tokens.shape[2]))
+    return batch, info
+
+
 @dataclasses.dataclass
 class Loop:
     """The pieces one training run wires together (``training/build.py`` builds them from a config)."""
@@ -146,6 +186,10 @@ class Loop:
     engine_stats: Callable[[], list[dict[str, int]]] | None = None  # the sampling engines' counters (rollout/*)
     engines: Any = None                               # the sampling engines (warm-up; busy fraction)
     warm_micro_batches: Sequence[int] = (1, 2, 3, 4)  # micro-batch counts the warm-up compiles the step for
+    exchange: Any = None                              # parallel.hosts.Exchange of a multi-host job (None: one)
+    trees_suffix: str = ""                            # tree files' name suffix (".p<i>" per process of a job)
+    _stop_signal: int = dataclasses.field(default=0, init=False, repr=False)
+    _stop_event: Any = dataclasses.field(default=None, init=False, repr=False)
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
     _admission: Admission | None = dataclasses.field(default=None, init=False, repr=False)
@@ -164,9 +208,22 @@ class Loop:
                                  filter_zero_variance=self.filter_zero_variance if stage == "execution" else None)
 
     async def step(self) -> StepOutcome:
-        """Runs one attempt at the current version; returns what happened (the version advances on success)."""
+        """Runs one attempt at the current version; returns what happened (the version advances on success).
+
+        In a multi-host job (``exchange`` set, several processes) this process runs its own admission ranks' groups,
+        then every process shares its step figures (``training.shared_step``) and makes the same decisions from
+        them; a stop requested on any process (``request_stop``) raises ``StopRequested`` everywhere at that point.
+        """
         pos = position(self.version, self.method.stage_schedule)
         tasks_per_step = self.stage_tasks_per_step.get(pos.stage, self.tasks_per_step)
+        multi = self.exchange is not None and jax.process_count() > 1
+        ranks: int | list[int] = tasks_per_step
+        max_attempts = self.max_group_attempts or 4 * tasks_per_step * (1 + self.speculative)
+        if multi:
+            # A stage with fewer ranks keeps each rank with the process that owns it in the full deal, so a rank's
+            # data cursor only ever moves in one process.
+            ranks = [r for r in deal_ranks(self.tasks_per_step) if r < tasks_per_step]
+            max_attempts = -(-max_attempts * len(ranks) // tasks_per_step)
         self._t_start = t0 = time.monotonic()
         self._compiles0 = compile_watch.snapshot()
         self._traced0 = compile_watch.traced_functions()
@@ -174,45 +231,73 @@ class Loop:
         trace = watch.trace
         engine_before = self.engine_stats() if self.engine_stats is not None else None
         with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
-            admitted, stats = await self.admission.collect(
-                pos.stage, self.version, tasks_per_step,
-                max_attempts=self.max_group_attempts or 4 * tasks_per_step * (1 + self.speculative))
+            admitted, stats = await self._collect(pos.stage, ranks, max_attempts, stoppable=multi)
         groups = [g.credit for g in admitted]
         t_end = time.monotonic()
         trees = stats.pop("tree_records")
-        if pos.stage == "rubric_generation" and self.method.rubric_baseline_scope == "step":
+        step_scope = pos.stage == "rubric_generation" and self.method.rubric_baseline_scope == "step"
+        if step_scope and not multi:
             groups = step_rubric_credit(groups, self.method.rubric_advantage_sign)
         metrics: dict[str, Any] = {"stage": pos.stage, "groups_accepted": len(groups), **stats,
                                    "time/rollout_s": t_end - t0}
         phases = phase_times(trace, t0, t_end)
         metrics.update({f"time/{k}": v for k, v in phases.items() if k != "uncovered_s"})
         metrics["time/rollout_uncovered_s"] = phases["uncovered_s"]
+        generation: dict[str, float] = {}
         if engine_before is not None:
-            metrics.update(generation_metrics(engine_before, self.engine_stats(), t_end - t0))
+            after = self.engine_stats()
+            generation = {k: float(sum(a.get(k, 0) - b.get(k, 0) for a, b in zip(after, engine_before)))
+                          for k in after[0]} if after else {}
+            metrics.update(generation_metrics(engine_before, after, t_end - t0))
         eff = watch.finish()
         if "engine_busy_fraction" in eff:
             metrics["rollout/engine_busy_fraction"] = eff["engine_busy_fraction"]
         metrics.update({f"agents/{k[6:]}": v for k, v in eff.items() if k.startswith("agent_")})
-        metrics.update(tree_metrics(trees, env=self.env))
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
-            write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}.jsonl")
-        metrics.update(_reward_stats(groups))
-        metrics.update(token_staleness(groups, self.version))
-        if len(groups) < tasks_per_step:
-            return self._skip(pos.stage, metrics, f"only {len(groups)} usable task groups")
+            write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}"
+                                                      f"{self.trees_suffix}.jsonl")
+        shared = None
+        if multi:
+            shared = SharedStep(self.exchange.allgather(local_figures(
+                stage=pos.stage, version=self.version, groups=groups, stats=stats, trees=trees,
+                rubric_step_scope=step_scope,
+                times={k: float(v) for k, v in metrics.items() if k.startswith("time/")},
+                generation=generation, efficiency={k: float(v) for k, v in eff.items()},
+                stop=self._stop_signal), "step"))
+            if shared.stop:
+                raise StopRequested(shared.stop, shared.stopped_by)
+            if step_scope:
+                pool, offset = shared.rubric_pool(jax.process_index())
+                groups = step_rubric_credit(groups, self.method.rubric_advantage_sign, pool=pool, offset=offset)
+            metrics = {"stage": pos.stage, **shared.metrics(env=self.env, sign=self.method.rubric_advantage_sign,
+                                                            rubric_step_scope=step_scope)}
+        else:
+            metrics.update(tree_metrics(trees, env=self.env))
+            metrics.update(_reward_stats(groups))
+            metrics.update(token_staleness(groups, self.version))
+        n_groups = shared.groups if shared is not None else len(groups)
+        if n_groups < tasks_per_step:
+            return self._skip(pos.stage, metrics, f"only {n_groups} usable task groups")
         t1 = time.perf_counter()
         min_trainable = self.min_trainable if self.min_trainable is not None else tasks_per_step
-        batch, info = build_batch(groups, self.method, min_trainable=min_trainable, token_budget=self.token_budget,
-                                  buckets=self.buckets, row_multiple=batch_axis_size(self.mesh) if self.mesh else 1,
-                                  warmed_micro_batches=self.warm_micro_batches)
+        row_multiple = batch_axis_size(self.mesh) if self.mesh else 1
+        if shared is None:
+            batch, info = build_batch(groups, self.method, min_trainable=min_trainable,
+                                      token_budget=self.token_budget, buckets=self.buckets,
+                                      row_multiple=row_multiple, warmed_micro_batches=self.warm_micro_batches)
+        else:
+            batch, info = build_shared_batch(groups, shared, self.method, min_trainable=min_trainable,
+                                             token_budget=self.token_budget, buckets=self.buckets,
+                                             row_multiple=row_multiple, warmed_micro_batches=self.warm_micro_batches,
+                                             agree=lambda n: max(self.exchange.allgather(n, "micro")))
         metrics.update(info)
         if batch is None:
             return self._skip(pos.stage, metrics, info["reason"])
         # The step's executables may still be compiling in the background (the warm-up): waited for off the event
         # loop, before placing the batch (placing runs small programs the warm-up compiles too).
         metrics["compile/warmup_wait_s"] = await asyncio.to_thread(self.step_fn.wait_warm)
-        batch = self.step_fn.place(batch)
+        batch = self.step_fn.place(batch, local=shared is not None)
         metrics["time/batch_s"] = time.perf_counter() - t1 - metrics["compile/warmup_wait_s"]
         t2 = time.perf_counter()
         if stats["groups_carried"] and not self.deterministic:
@@ -236,6 +321,40 @@ class Loop:
         if self.checkpointer is not None and self.checkpointer.due(self.version):
             self.save()
         return outcome
+
+    def request_stop(self, signum: int) -> None:
+        """Asks the run to stop (a signal handler's call, on the event loop): this process's rollouts are cut short,
+        and at the step's exchange every process agrees to stop (``StopRequested``), saves and ends."""
+        self._stop_signal = self._stop_signal or int(signum)
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def _collect(self, stage: str, ranks: int | list[int], max_attempts: int, *, stoppable: bool):
+        """Returns the admission's (groups, stats) for this step, or (nothing, empty stats) once a stop is asked
+        for (``stoppable``: a multi-host job, where a stop must reach the exchange rather than unwind the process
+        out of step with its peers)."""
+        if not stoppable:
+            return await self.admission.collect(stage, self.version, ranks, max_attempts=max_attempts)
+        if self._stop_event is None:
+            self._stop_event = asyncio.Event()
+            if self._stop_signal:
+                self._stop_event.set()
+        stopped: dict[str, Any] = {"groups_started": 0, "groups_rejected": 0, "groups_speculative": 0,
+                                   "groups_cancelled": 0, "groups_carried": 0, "groups_stale_dropped": 0,
+                                   "trees": 0, "tree_records": []}
+        if self._stop_event.is_set():
+            return [], stopped
+        collect = asyncio.ensure_future(self.admission.collect(stage, self.version, ranks,
+                                                               max_attempts=max_attempts))
+        stop = asyncio.ensure_future(self._stop_event.wait())
+        await asyncio.wait([collect, stop], return_when=asyncio.FIRST_COMPLETED)
+        if collect.done():
+            stop.cancel()
+            return collect.result()
+        collect.cancel()
+        await asyncio.gather(collect, return_exceptions=True)
+        await self.admission.close()  # running groups' tasks go back to their ranks' streams
+        return [], stopped
 
     def _compile_metrics(self) -> dict[str, Any]:
         """JAX traces and compilations during the current attempt (0 once the warm-up covered its shapes)."""
@@ -289,6 +408,8 @@ class Loop:
         if self._admission is not None:
             for r, idx in self._admission.pending().items():
                 data["requeued"][r % self.stream.ranks] = idx + data["requeued"][r % self.stream.ranks]
+        if self.exchange is not None and jax.process_count() > 1:
+            data = merge_streams(self.exchange.allgather(data, "stream"), self.tasks_per_step)
         return {**self.meta, "skipped_steps": self.skipped_steps, "data": data,
                 "key": key_to_json(self.key) if self.key is not None else None}
 
@@ -320,6 +441,7 @@ class Loop:
         """
         outcomes = []
         attempts = skips = 0
+        agreed = True  # whether every process reaches the final save (not after one process's own error)
         try:
             while self.version < total_steps and (max_attempts is None or attempts < max_attempts):
                 outcome = await self.step()
@@ -333,13 +455,37 @@ class Loop:
                         f"{skips} attempts in a row at version {self.version} ({outcome.stage}) produced no "
                         f"trainable batch (last: {outcome.reason}); start from a policy that can succeed "
                         "sometimes (a pretrained or warm-started checkpoint) or check the task set")
+        except (StopRequested, NoTrainableData):
+            raise  # decided identically on every process: all of them save below
+        except BaseException:
+            # One process's own failure: its peers are elsewhere in the step, so a collective save would hang. They
+            # stop when this process is gone (parallel.hosts.PeerWatch); the newest periodic checkpoint resumes.
+            agreed = self.exchange is None or jax.process_count() == 1
+            raise
         finally:
             if self._admission is not None:
                 await self._admission.close()  # running groups' tasks go back to the stream before the save
-            self.save(force=True)
+            if agreed:
+                self.save(force=True)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
         return outcomes
+
+
+def merge_streams(records: Sequence[dict[str, Any]], ranks: int) -> dict[str, Any]:
+    """Returns the job's data-order record from every process's (process order): each rank's epoch, cursor and
+    requeued tasks come from the process that runs it (``parallel.hosts.deal_ranks``); the other processes never
+    moved that rank's cursor."""
+    out = {**records[0], "epochs": list(records[0]["epochs"]), "cursors": list(records[0]["cursors"]),
+           "requeued": [list(q) for q in records[0]["requeued"]]}
+    if out["ranks"] != ranks:
+        raise ValueError(f"the data order has {out['ranks']} ranks, the step {ranks}: a multi-host run needs them "
+                         "equal")
+    for p, rec in enumerate(records):
+        for r in deal_ranks(ranks, p, len(records)):
+            out["epochs"][r], out["cursors"][r] = rec["epochs"][r], rec["cursors"][r]
+            out["requeued"][r] = list(rec["requeued"][r])
+    return out
 
 
 def generation_metrics(before: Sequence[dict[str, int]], after: Sequence[dict[str, int]], seconds: float

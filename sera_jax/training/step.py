@@ -249,9 +249,18 @@ class CompiledStep:
         with ctx:
             return exe(state, batch) if exe is not None else self.jitted(state, batch)
 
-    def place(self, batch: MicroBatch) -> MicroBatch:
-        """Returns ``batch`` on the devices, in the layout the step expects."""
-        return batch if self.batch_sharding is None else jax.device_put(batch, self.batch_sharding)
+    def place(self, batch: MicroBatch, *, local: bool = False) -> MicroBatch:
+        """Returns ``batch`` on the devices, in the layout the step expects.
+
+        ``local``: ``batch`` holds only this process's rows (a multi-host step: each process packs its own datums);
+        the global batch is the processes' rows side by side, each process filling only its own devices (the token
+        count, replicated, is the same everywhere)."""
+        if self.batch_sharding is None:
+            return batch
+        if not local:
+            return jax.device_put(batch, self.batch_sharding)
+        return jax.tree.map(lambda x, sh: jax.make_array_from_process_local_data(sh, np.asarray(x)),
+                            batch, self.batch_sharding)
 
     def warm_in_background(self, state: TrainState, shapes: Sequence[tuple[int, int, int]]) -> None:
         """Starts ``warm`` for ``shapes`` in a thread (its compiles counted as ahead of time, see
@@ -291,10 +300,12 @@ class CompiledStep:
             ctx = activate(self.mesh, self.rules) if self.mesh is not None else contextlib.nullcontext()
             with ctx:
                 self.executables[tuple(shape)] = self.jitted.lower(state, batch).compile()
-            # Placing a host batch of this shape runs small programs of its own (splitting rows over devices).
-            zeros = {f.name: np.zeros(getattr(batch, f.name).shape, getattr(batch, f.name).dtype)
-                     for f in dataclasses.fields(MicroBatch)}
-            jax.block_until_ready(self.place(MicroBatch(**zeros)))
+            # Placing a host batch of this shape runs small programs of its own (splitting rows over devices). A
+            # multi-host placement runs none (each process puts its own rows), and would not be this thread's to do.
+            if self.batch_sharding is None or self.batch_sharding.tokens.is_fully_addressable:
+                zeros = {f.name: np.zeros(getattr(batch, f.name).shape, getattr(batch, f.name).dtype)
+                         for f in dataclasses.fields(MicroBatch)}
+                jax.block_until_ready(self.place(MicroBatch(**zeros)))
             new += 1
         return new
 
