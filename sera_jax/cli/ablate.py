@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sera_jax.cli.common import CONFIG_ERROR, DEFAULT_CONFIG, load_or_report, use_compilation_cache
+from sera_jax.cli.common import CONFIG_ERROR, DEFAULT_CONFIG, load_or_report, one_process_only, use_compilation_cache
 from sera_jax.config import split_cli
 
 
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=_ints, default=[353, 354, 355], help="comma-separated (default: 353,354,355)")
     p.add_argument("--out", default="runs/ablate", help="output directory (default: %(default)s)")
     args = p.parse_args(argv)
+    if not one_process_only("sera-ablate", "its runs and evaluations are sequential one-process jobs"):
+        return CONFIG_ERROR
     if load_or_report(args.args) is None:
         return CONFIG_ERROR
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

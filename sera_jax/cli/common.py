@@ -37,6 +37,34 @@ def start_processes(prog: str) -> bool:
     return True
 
 
+def end_processes() -> None:
+    """Ends a multi-host job's runtime in order at a command's end (every process waits for the others, then shuts
+    down); nothing for one process."""
+    import jax
+
+    if jax.process_count() > 1:
+        from sera_jax.parallel.hosts import finish_distributed
+
+        finish_distributed()
+
+
+def one_process_only(prog: str, why: str) -> bool:
+    """Returns False after printing ``error: …`` when the environment names a multi-process job, which ``prog``
+    does not run as (``why``); the run directory it writes is what every host of a training job then reads."""
+    from sera_jax.parallel.hosts import distributed_settings
+
+    try:
+        multi = distributed_settings() is not None
+    except Exception as e:  # noqa: BLE001 - DistributedError: a malformed setting is reported the same way
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return False
+    if multi:
+        print(f"{prog}: error: runs as one process ({why}); unset SERA_COORDINATOR / SERA_NUM_PROCESSES / "
+              "SERA_PROCESS_ID, run it on one host, and give the training job its run directory", file=sys.stderr)
+        return False
+    return True
+
+
 def use_compilation_cache() -> str | None:
     """Turns on JAX's persistent compilation cache for a command's run; returns its directory (None: off).
 

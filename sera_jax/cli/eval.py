@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sera_jax.agents.efficiency import efficiency_line
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report, use_compilation_cache
+from sera_jax.cli.common import CONFIG_ERROR, end_processes, load_or_report, start_processes, use_compilation_cache
 from sera_jax.evaluation.protocol import evaluate
 
 
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None, help="number of runs (default: eval.num_runs)")
     p.add_argument("--out", default=None, help="output directory (default: <train.out_dir>/eval)")
     args = p.parse_args(argv)
+    if not start_processes("sera-eval"):  # a multi-host job splits the task set over its processes
+        return CONFIG_ERROR
     # The policy given on the command line replaces the config's model: its model.hf_dir need not exist.
     cfg = load_or_report(args.args, check_paths=args.checkpoint is None and args.hf is None)
     if cfg is None:
@@ -43,12 +45,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or str(Path(cfg.train.out_dir) / "eval")
 
+    import jax
+
+    speak = jax.process_index() == 0  # a multi-host job's report is gathered: process 0 alone prints it
+
     def show(r: int, table: dict) -> None:
-        print(json.dumps({"run": r, **{k: round(v["rate"], 4) for k, v in table.items()}}), flush=True)
+        if speak:
+            print(json.dumps({"run": r, **{k: round(v["rate"], 4) for k, v in table.items()}}), flush=True)
 
     rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf,
                                num_tasks=args.tasks if args.tasks is not None else cfg.eval.num_tasks,
-                               num_runs=args.runs, on_run=show, version=args.version, progress=True))
+                               num_runs=args.runs, on_run=show, version=args.version, progress=speak))
+    end_processes()
+    if not speak:
+        return 0
     print(rep["markdown"])
     if rep.get("warmup"):
         print(f"engine warm-up: {rep['warmup']['executables']} executables in {rep['warmup']['seconds']:.1f} s")

@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     aot.add_argument("--max-traffic-ratio", type=float, default=1.1, help="the step's collective bytes over FSDP's "
                      "minimum above which the check fails (default 1.1)")
     aot.add_argument("--decode-rows", type=int, default=64, help="rows per GPU in the decode roofline (default 64)")
+    aot.add_argument("--hosts", default=None, metavar="N,N,...",
+                     help="--aot: compile the job again for each host count (mesh.data and mesh.dcn_data = N, the "
+                          "config's GPUs per host) and print a scaling table: per-device memory, step collectives "
+                          "against FSDP's minimum, projected hours")
     aot.add_argument("--tree", action="append", default=[], metavar="FIELD=VALUE",
                      help="an assumption of the projection's tree (profiling.projection.TreeShape), e.g. agents=4")
     args = p.parse_args(argv)
@@ -188,6 +192,8 @@ def _aot_main(args) -> int:
     cfg = load_or_report(args.config, check_paths=False)
     if cfg is None:
         return 2
+    if args.hosts:
+        return _aot_scaling(args, cfg)
     try:
         target = get_target(args.target)
         tree = TreeShape()
@@ -211,6 +217,42 @@ def _aot_main(args) -> int:
     print(f"report: {out / 'report.json'}")
     print(result_line(report))
     return 0 if report.ok else 1
+
+
+def _aot_scaling(args, cfg) -> int:
+    """``sera-profile --aot CONFIG --hosts 2,4,8``: the job compiled for each host count; returns 0 when every
+    layout compiles, fits and meets the collective bound, 1 when one does not, 2 for bad input."""
+    from sera_jax.profiling.aot import compile_job
+    from sera_jax.profiling.aot_report import scaling_lines, to_json
+    from sera_jax.profiling.targets import DEFAULT_MEM_FRACTION, MissingCudaPlugin, get_target
+
+    try:
+        hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
+    except ValueError:
+        print(f"sera-profile --aot: --hosts takes comma-separated host counts, got {args.hosts!r}", file=sys.stderr)
+        return 2
+    per_host_data = max(1, cfg.mesh.data // max(1, cfg.mesh.dcn_data))
+    reports = []
+    try:
+        target = get_target(args.target)
+        for h in hosts:
+            if h < 1:
+                raise ValueError(f"--hosts: host counts must be positive, got {h}")
+            c = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, data=h * per_host_data, dcn_data=h))
+            reports.append(compile_job(c, target, decode_rows=args.decode_rows,
+                                       mem_fraction=args.mem_fraction or DEFAULT_MEM_FRACTION,
+                                       network_bytes_per_s=args.network_gbps * 1e9 / 8,
+                                       max_traffic_ratio=args.max_traffic_ratio,
+                                       log=lambda m: print(m, file=sys.stderr, flush=True)))
+    except (MissingCudaPlugin, ValueError) as e:
+        print(f"sera-profile --aot: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(scaling_lines(reports)))
+    out = Path(args.out or f"sera_profile/aot-scaling-{cfg.name}-{target.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps([to_json(r) for r in reports], indent=1, default=str) + "\n")
+    print(f"report: {out / 'report.json'}")
+    return 0 if all(r.ok for r in reports) else 1
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ import asyncio
 import json
 import sys
 
+import jax
 from tqdm import tqdm
 
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report, start_processes, use_compilation_cache
+from sera_jax.cli.common import CONFIG_ERROR, end_processes, load_or_report, start_processes, use_compilation_cache
 from sera_jax.experiments.default_run import run_default
 from sera_jax.experiments.dry_run import dry_run
 from sera_jax.training.build import train_from_config
@@ -43,12 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is None:
         return CONFIG_ERROR
     use_compilation_cache()
+    # A multi-host job's processes agree on every line: process 0 alone prints them.
+    speak = jax.process_index() == 0
     if args.dry_run:
-        outcomes = asyncio.run(dry_run(cfg, out_dir=args.out, on_step=lambda o: print(step_line(o), flush=True)))
-        print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],
-                          "updated": [not o.skipped for o in outcomes]}))
+        outcomes = asyncio.run(dry_run(cfg, out_dir=args.out,
+                                       on_step=lambda o: speak and print(step_line(o), flush=True)))
+        if speak:
+            print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],
+                              "updated": [not o.skipped for o in outcomes], "processes": jax.process_count()}))
+        end_processes()
         return 0
-    bar = tqdm(total=cfg.train.total_steps, desc="policy versions", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=cfg.train.total_steps, desc="policy versions", unit="step", dynamic_ncols=True,
+               disable=not speak)
 
     def progress(o: StepOutcome) -> None:
         if bar.n == 0 and o.version > 0 and not o.skipped:
@@ -58,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         m = o.metrics
         bar.set_postfix(stage=o.stage, success=round(m.get("root_success", 0.0), 3),
                         loss=round(m.get("loss", float("nan")), 4), skipped=o.skipped)
-        with bar.external_write_mode():
-            print(step_line(o), flush=True)
+        if speak:
+            with bar.external_write_mode():
+                print(step_line(o), flush=True)
 
     try:
         if cfg.warmstart.enabled:
@@ -79,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or cfg.train.out_dir
         print(f"sera-train: stopped by signal {e.signum} (on process {', '.join(map(str, e.by))}); the same command "
               f"on every process resumes ({out} keeps the newest checkpoint)", file=sys.stderr)
+        end_processes()
         return 128 + e.signum
     finally:
         bar.close()
+    end_processes()
     return 0
 
 

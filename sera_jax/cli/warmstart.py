@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report
+from sera_jax.cli.common import CONFIG_ERROR, load_or_report, one_process_only
 from sera_jax.warmstart.sft import ship, warm_start
 
 
@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ship", action="store_true",
                    help="build from scratch (never copy the shipped one) and rewrite the package's shipped warm start")
     args = p.parse_args(argv)
+    if not one_process_only("sera-warmstart", "its supervised warm start is a one-host job"):
+        return CONFIG_ERROR
     cfg = load_or_report(args.args)
     if cfg is None:
         return CONFIG_ERROR

@@ -50,6 +50,7 @@ from sera_jax.evaluation.report import (
 )
 from sera_jax.model import init_params, load_pretrained
 from sera_jax.model.tokenizer import load_tokenizer
+from sera_jax.parallel.hosts import Exchange, deal_ranks
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling import Engine, EngineConfig
 from sera_jax.sampling.engine_config import cpu_shapes
@@ -244,7 +245,13 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     e = cfg.eval
     tasks = load_eval_tasks(cfg, num_tasks)
+    all_tasks = len(tasks)
     runs = e.num_runs if num_runs is None else num_runs
+    # A multi-host job splits the task set: each process runs a contiguous share on its own engine, env workers and
+    # sandboxes; the outcomes are gathered in task order and process 0 writes the one report.
+    exchange = Exchange("eval") if jax.process_count() > 1 else None
+    if exchange is not None:
+        tasks = [tasks[i] for i in deal_ranks(len(tasks))]
     engine, source, warm = None, "generator", None
     if generator is None:
         policy = load_policy(cfg, checkpoint=checkpoint, hf_dir=hf_dir, version=version)
@@ -269,7 +276,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     selection = {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
     tables, by_game, finals, records, times, efficiency = [], [], [], [], [], []
-    trees_path = out_dir / "trees.jsonl"
+    trees_path = out_dir / ("trees.jsonl" if exchange is None else f"trees.p{jax.process_index()}.jsonl")
     trees_path.write_text("")
     try:
         for r in range(runs):
@@ -283,6 +290,8 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
             efficiency.append(watch.finish())
             if watch.traced:
                 efficiency[-1]["traced_functions"] = watch.traced
+            if exchange is not None:
+                outcomes, recs, efficiency[-1] = gather_run(exchange, outcomes, recs, efficiency[-1])
             times.append(efficiency[-1]["seconds"])
             tables.append(summarise(outcomes, DIFFICULTY_ORDER))
             if any(rec["game"] is not None for rec in recs):
@@ -298,13 +307,51 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
         if engine is not None:
             engine.close()
     settings = dataclasses.asdict(eval_settings(cfg, 0))
-    rep = report(tables, env=env, task_set=e.task_set, num_tasks=len(tasks), source=source,
+    rep = report(tables, env=env, task_set=e.task_set, num_tasks=all_tasks, source=source,
                  best_of_n=e.best_of_n, fork_budget=e.fork_budget, retries=e.retries, concurrency=e.concurrency,
                  settings={k: v for k, v in settings.items() if k != "cell_limits"}, run_seconds=times,
                  tasks=records, by_game=by_game, tree_means=finals, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  efficiency=efficiency, warmup=warm)
-    write_outputs(rep, out_dir)
+    if exchange is not None:
+        rep["processes"] = jax.process_count()
+        exchange.barrier("eval-trees")  # every process's tree file is complete
+        if jax.process_index() == 0:
+            merge_tree_files(out_dir, jax.process_count())
+    if jax.process_index() == 0:
+        write_outputs(rep, out_dir)
     return rep
+
+
+def gather_run(exchange: Exchange, outcomes: Sequence[Outcome], recs: Sequence[dict], eff: dict
+               ) -> tuple[list[Outcome], list[dict], dict]:
+    """Returns one evaluation run's outcomes and task records from every process (task order: each process ran a
+    contiguous share) and the run's efficiency: the slowest process's seconds, token sums, each process's own
+    ``completion_tokens`` and ``engine_busy_fraction`` under ``processes``."""
+    got = exchange.allgather({"outcomes": [dataclasses.asdict(o) for o in outcomes], "recs": list(recs),
+                              "eff": {k: v for k, v in eff.items() if isinstance(v, (int, float))}}, "eval-run")
+    effs = [g["eff"] for g in got]
+    merged = dict(effs[0])
+    merged["seconds"] = max(x.get("seconds", 0.0) for x in effs)
+    for k in ("completion_tokens", "traces", "compiles", "engine_compiles"):
+        if k in merged:
+            merged[k] = sum(x.get(k, 0) for x in effs)
+    if "completion_tokens" in merged and merged["seconds"] > 0:
+        merged["completion_tokens_per_s"] = merged["completion_tokens"] / merged["seconds"]
+    if "engine_busy_fraction" in merged:
+        merged["engine_busy_fraction"] = sum(x.get("engine_busy_fraction", 0.0) for x in effs) / len(effs)
+    merged["processes"] = effs
+    return ([Outcome(**o) for g in got for o in g["outcomes"]], [r for g in got for r in g["recs"]], merged)
+
+
+def merge_tree_files(out_dir: Path, processes: int) -> None:
+    """Concatenates the processes' ``trees.p<i>.jsonl`` into ``trees.jsonl`` (process order) and removes them."""
+    with open(out_dir / "trees.jsonl", "w") as out:
+        for p in range(processes):
+            part = out_dir / f"trees.p{p}.jsonl"
+            with open(part) as f:
+                for line in f:
+                    out.write(line)
+            part.unlink()
 
 
 def tree_means(stats: Sequence[dict]) -> dict[str, float]:

@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+
 from sera_jax.evaluation.protocol import evaluate
 from sera_jax.evaluation.report import DIFFICULTY_ORDER
 from sera_jax.training.build import build_loop
@@ -112,6 +114,9 @@ async def _probe(cfg: Any, loop: Any, out_dir: Path, set_path: Path, log: Callab
     path = out_dir / PROBE_FILE
     if e.rubric_probe_groups <= 0:
         return None
+    if jax.process_count() > 1:  # its set and scores are one process's files; not split over a multi-host job
+        log("rubric probe: not measured in a multi-process job (run sera-train's default on one host for it)")
+        return None
     if path.is_file():
         return json.loads(path.read_text())
     if not set_path.is_file():
@@ -184,7 +189,11 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
     out = Path(out_dir or cfg.train.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.warmstart.enabled and cfg.model.init_from is not None:
-        warm_start(cfg, cfg.model.init_from, log=log)
+        if jax.process_count() > 1 and not (Path(cfg.model.init_from) / "checkpoints").is_dir():
+            raise ValueError(f"a multi-process job does not build its warm start: make {cfg.model.init_from} on "
+                             "one host first (sera-warmstart, or sera-export --import of the shipped one)")
+        if jax.process_count() == 1:
+            warm_start(cfg, cfg.model.init_from, log=log)
     async with build_loop(cfg, out_dir=out) as loop:
         start_version = loop.version
         before = await _evaluate(cfg, loop, out / "eval_before", log) if start_version == 0 or \
@@ -195,6 +204,8 @@ async def run_default(cfg: Any, *, out_dir: str | Path | None = None, on_step: C
         outcomes = await loop.run(cfg.train.total_steps, on_step=on_step)
         after = await _evaluate(cfg, loop, out / "eval_after", log)
         probe_after = await _probe(cfg, loop, out / "eval_after", probe_set, log, may_collect=False)
+    if jax.process_index() != 0:  # the run's record is process 0's to write
+        return {"success_before": success_rate(before) if before else None, "success_after": success_rate(after)}
     curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png",
                            title=f"{cfg.name}: {cfg.method.name} on {cfg.env.name} (seed {cfg.train.seed})",
                            probe=(probe_before, probe_after))

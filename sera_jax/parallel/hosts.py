@@ -273,10 +273,19 @@ def finish_distributed(exchange: Exchange | None = None, watch: PeerWatch | None
         return
     if watch is not None:
         watch.stop()
-    try:
-        (exchange or Exchange("finish")).barrier("finish", timeout_s=timeout_s)
-    finally:
-        jax.distributed.shutdown()
+    (exchange or Exchange("finish")).barrier("finish", timeout_s=timeout_s)
+    # Process 0 hosts the coordination service: it leaves last, once every other process has disconnected (a
+    # client whose service is gone when it says goodbye is aborted from C++).
+    if jax.process_index() == 0:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if set(_client().get_live_nodes(list(range(jax.process_count())))) <= {0}:
+                    break
+            except Exception:  # noqa: BLE001 - the service is ours: nothing to wait for
+                break
+            time.sleep(0.2)
+    jax.distributed.shutdown()
 
 
 def gathered_sum(values: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -96,6 +96,23 @@ def report_lines(r: AotReport) -> list[str]:
     return out
 
 
+def scaling_lines(reports: list[AotReport]) -> list[str]:
+    """Returns a table of the same job compiled for several host counts: per-device peak memory against the limit,
+    the train step's collective GiB per device per step (within / across hosts) against FSDP's minimum, and the
+    projected hours."""
+    out = ["| hosts x GPUs | per-device peak GiB (limit) | fits | step collectives GiB/device: within + across "
+           "| FSDP minimum | ratio | projected h |", "|---|---|---|---|---|---|---|"]
+    for r in reports:
+        s = r.steps[-1]
+        within = sum(v["within"] for v in s.inventory.values())
+        across = sum(v["across"] for v in s.inventory.values())
+        _, peak = r.peak_phase
+        out.append(f"| {r.hosts} x {r.gpus_per_host} | {peak / GIB:.1f} ({r.bytes_limit / GIB:.1f}) | "
+                   f"{'yes' if peak <= r.bytes_limit else 'NO'} | {_g(within)} + {_g(across)} | "
+                   f"{_g(s.traffic / s.ratio)} | {s.ratio:.3f} | {r.projection.hours:.1f} |")
+    return out
+
+
 def result_line(r: AotReport) -> str:
     """Returns the ``RESULT key=value ...`` line."""
     ok, seen, _ = kernel_summary(r)

@@ -28,7 +28,7 @@ from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import RunConfig, check_mesh
 from sera_jax.model import init_params, load_pretrained
-from sera_jax.parallel.hosts import Exchange, PeerWatch, finish_distributed, start_distributed
+from sera_jax.parallel.hosts import Exchange, PeerWatch, start_distributed
 from sera_jax.parallel.mesh import make_mesh
 from sera_jax.rl.optim import make_optimizer
 from sera_jax.sampling.replicas import EngineReplicas, local_copy
@@ -197,7 +197,10 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
         checkpointer.close()
         metrics.close()
         if multi and agreed:
-            finish_distributed(exchange, watch)
+            # The command shuts the runtime down at its end (parallel.hosts.finish_distributed): an evaluation may
+            # follow. Here every process only leaves the loop together.
+            watch.stop()
+            exchange.barrier("loop-end")
 
 
 def _stop_on_signals(loop: Loop) -> list[int]:
