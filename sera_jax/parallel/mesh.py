@@ -1,10 +1,10 @@
 """Device meshes with axes (data, fsdp, tensor), single- and multi-host, and the context that activates rules.
 
-Multi-host (e.g. 2 hosts × 8 H200): call ``initialize_distributed()`` first in every process (it reads the
-coordinator address, process count and id from arguments or ``SERA_COORDINATOR`` / ``SERA_NUM_PROCESSES`` /
-``SERA_PROCESS_ID``, or lets JAX auto-detect on managed clusters); ``make_mesh`` then lays ``dcn_data`` host groups
-along the data axis (slow inter-host links carry only the data-parallel gradient reduction) and fsdp × tensor within
-each host over NVLink.
+Multi-host (e.g. 2 hosts × 8 H200): every command starts the job's runtime first (``parallel.hosts.
+start_distributed``, from ``SERA_COORDINATOR`` / ``SERA_NUM_PROCESSES`` / ``SERA_PROCESS_ID``; the
+``initialize_distributed`` below takes them as arguments); ``make_mesh`` then lays ``dcn_data`` host groups along the
+data axis (slow inter-host links carry only the data-parallel gradient reduction) and fsdp × tensor within each host
+over NVLink.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import RunConfig, check_mesh
 from sera_jax.model import init_params, load_pretrained
-from sera_jax.parallel.hosts import Exchange, PeerWatch, start_distributed
+from sera_jax.parallel.hosts import Exchange, PeerWatch, deal_ranks, start_distributed
 from sera_jax.parallel.mesh import make_mesh
 from sera_jax.rl.optim import make_optimizer
 from sera_jax.sampling.replicas import EngineReplicas, local_copy
@@ -177,6 +177,10 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
         loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
     loop.restore_latest()
     watch = PeerWatch(prog="sera-train").start() if multi else None
+    if multi:
+        ranks = deal_ranks(cfg.rollout.tasks_per_step)
+        print(f"process {jax.process_index()} of {jax.process_count()}: admission ranks {ranks}, "
+              f"{len(local)} local devices, from version {loop.version}", file=sys.stderr, flush=True)
     stop_signals = _stop_on_signals(loop) if multi else []
     agreed = True  # every process leaves together (not after this process's own error: its peers are elsewhere)
     try:

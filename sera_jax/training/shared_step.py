@@ -45,14 +45,15 @@ def light_tree(tree: Tree) -> dict[str, Any]:
 
 def local_figures(*, stage: str, version: int, groups: Sequence[GroupCredit], stats: dict[str, Any], trees: Sequence[Tree],
                   rubric_step_scope: bool, times: dict[str, float], generation: dict[str, float],
-                  efficiency: dict[str, float], stop: bool) -> dict[str, Any]:
-    """Returns this process's figures for the step's exchange (JSON-able)."""
+                  efficiency: dict[str, float], stop: int) -> dict[str, Any]:
+    """Returns this process's figures for the step's exchange (JSON-able); ``stop`` is the signal number of a stop
+    this process was asked for (0: none)."""
     datums = [d for g in groups for d in g.datums]
     trainable = [d for d in datums if d.trainable]
     rebased = {id(d) for d in trainable if d.objective == "rubric_generation"} if rubric_step_scope else set()
     lags = staleness_lags(groups, version)
     return {
-        "stop": bool(stop), "groups": len(groups), "datums": len(datums), "trainable": len(trainable),
+        "stop": int(stop), "groups": len(groups), "datums": len(datums), "trainable": len(trainable),
         "loss_tokens": count_loss_tokens(trainable),
         "max_len": max((len(d.tokens) - 1 for d in trainable), default=0),
         "depth": {str(k): list(v) for k, v in depth_histogram(trainable).items()},
@@ -73,8 +74,9 @@ class SharedStep:
     figures: list[dict[str, Any]]
 
     @property
-    def stop(self) -> bool:
-        return any(f["stop"] for f in self.figures)
+    def stop(self) -> int:
+        """The signal number of a stop asked for on any process (the lowest process's), 0 for none."""
+        return next((int(f["stop"]) for f in self.figures if f["stop"]), 0)
 
     @property
     def stopped_by(self) -> list[int]:

@@ -127,10 +127,10 @@ def test_two_process_job_dry_run_sigterm_resume_and_a_lost_process(tmp_path, job
 
     # 2. SIGTERM (a preemption) to process 1 only, during the rollout: both agree at the step's exchange, save and
     #    exit 143; no version is recorded.
-    args = [*base, f"train.total_steps={start + 1}", "--out", str(run)]
+    args = [*base, "train.warmup=false", f"train.total_steps={start + 1}", "--out", str(run)]
     pre = Job(tmp_path, "sigterm", args)
     jobs.append(pre)
-    pre.wait_for("warm-up:", 600)
+    pre.wait_for(f"from version {start}", 600)  # each process's loop is about to roll out
     time.sleep(3)
     pre.procs[1].send_signal(signal.SIGTERM)
     assert pre.wait(600) == [143, 143], pre.tails()
@@ -146,9 +146,9 @@ def test_two_process_job_dry_run_sigterm_resume_and_a_lost_process(tmp_path, job
     assert (run / "checkpoints" / str(start + 1)).is_dir()
 
     # 4. SIGKILL of process 1 mid-run: process 0 notices within the heartbeat timeout and exits 75, naming it.
-    lost = Job(tmp_path, "kill", [*base, f"train.total_steps={start + 3}", "--out", str(run)])
+    lost = Job(tmp_path, "kill", [*base, "train.warmup=false", f"train.total_steps={start + 3}", "--out", str(run)])
     jobs.append(lost)
-    lost.wait_for("warm-up:", 600)
+    lost.wait_for(f"from version {start + 1}", 600)
     time.sleep(2)
     lost.procs[1].kill()
     t0 = time.monotonic()
