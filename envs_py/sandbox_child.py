@@ -6,7 +6,6 @@ allowlist: ``sandbox_jail``; then the audit hook), then runs cells one by one in
 frame and return its answer. See sandbox.py for the threat model.
 """
 
-import ast
 import asyncio
 import builtins
 import json
@@ -23,13 +22,13 @@ import typing  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sandbox_jail as jail  # noqa: E402
+from sandbox_cell_code import format_exception, precheck  # noqa: E402
 
 ALLOWED_IMPORTS = {"bisect", "collections", "collections.abc", "copy", "dataclasses", "datetime", "decimal", "enum",
                    "fractions", "functools", "heapq", "itertools", "math", "operator", "pprint", "random", "re",
                    "statistics", "string", "textwrap", "time", "typing", "json", "asyncio"}
 REMOVED_BUILTINS = ("open", "eval", "exec", "compile", "input", "breakpoint", "help", "exit", "quit", "__loader__",
                     "__spec__", "copyright", "credits", "license")
-GATHERERS = {"gather", "wait", "wait_for", "create_task", "as_completed", "ensure_future", "shield"}
 ASYNCIO_ALLOWED = ("gather", "sleep", "create_task", "wait", "wait_for", "as_completed", "shield", "Lock", "Event",
                    "Semaphore", "BoundedSemaphore", "Condition", "Queue", "LifoQueue", "PriorityQueue", "timeout",
                    "TimeoutError", "CancelledError", "QueueEmpty", "QueueFull", "FIRST_COMPLETED",
@@ -41,21 +40,7 @@ PARENT = os.getppid()  # the host (a zygote's forks: the zygote); the sandbox di
 OPTIONS = json.loads(sys.argv[2]) if ZYGOTE else CONFIG
 
 
-def _import_seccomp(lib):
-    """Returns the pyseccomp module from directory ``lib`` (None where it or libseccomp is missing)."""
-    if not lib:
-        return None
-    sys.path.insert(0, lib)
-    try:
-        import pyseccomp
-        return pyseccomp
-    except Exception:  # noqa: BLE001  (no libseccomp: the layer report says so, and the host refuses)
-        return None
-    finally:
-        sys.path.remove(lib)
-
-
-SECCOMP = _import_seccomp(OPTIONS.get("lib"))
+SECCOMP = jail.import_seccomp(OPTIONS.get("lib"))
 FILTER = jail.build_filter(SECCOMP)  # built once (in a zygote, once for all its forks), loaded by each sandbox
 TRUSTED = [1]  # audit events are allowed while the runner itself works (set to 0 around cell code)
 
@@ -310,69 +295,6 @@ class BoundedOut:
         return "".join(self.parts)
 
 
-def precheck(code, n):
-    """Returns (compiled code or None, error text, whether the last expression is displayed)."""
-    if not code.strip():
-        return None, "No code available to execute.", False
-    try:
-        tree = ast.parse(code, f"<cell-{n}>", "exec")
-    except (SyntaxError, ValueError) as e:
-        line = (e.text or "").rstrip("\n") if isinstance(e, SyntaxError) else ""
-        msg = e.msg if isinstance(e, SyntaxError) else str(e)
-        return None, f"Execution failed. Traceback:\nSyntax error in line:\n{line}\nMessage: {msg}", False
-    ok_calls = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Await) and isinstance(node.value, ast.Call):
-            ok_calls.add(id(node.value))
-        if isinstance(node, ast.Call):
-            f = node.func
-            fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-            if fname in GATHERERS:
-                for sub in node.args + [k.value for k in node.keywords]:
-                    ok_calls.update(id(x) for x in ast.walk(sub) if isinstance(x, ast.Call))
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                f"{node.value.id}.{node.attr}" in CONFIG["forbidden"]:
-            return None, f"ERROR: {node.value.id}.{node.attr}() is not allowed in the sandbox.", False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONFIG["async"] \
-                and id(node) not in ok_calls:
-            name = node.func.id
-            return None, (f"ERROR: {name}() requires 'await' to run. Use: result = await {name}(...) or "
-                          f"results = await asyncio.gather({name}(...), {name}(...))"), False
-    show = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";")
-    if show:
-        last = tree.body[-1]
-        tree.body[-1] = ast.copy_location(
-            ast.Assign(targets=[ast.Name("__cell_value__", ast.Store())], value=last.value), last)
-        ast.fix_missing_locations(tree)
-    return compile(tree, f"<cell-{n}>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), "", show
-
-
-def format_exception(exc, n, code_lines):
-    lines = ["Traceback (most recent call last):"]
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        fname = tb.tb_frame.f_code.co_filename
-        if fname.startswith("<cell-"):
-            frames.append((fname, tb.tb_lineno, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    if len(frames) > 8:
-        frames = frames[:3] + [None] + frames[-4:]
-    for fr in frames:
-        if fr is None:
-            lines.append("  ... (repeated frames omitted) ...")
-            continue
-        fname, lineno, func = fr
-        where = f"Cell In[{fname[6:-1]}], line {lineno}" + ("" if func == "<module>" else f", in {func}")
-        lines.append("  " + where)
-        if fname == f"<cell-{n}>" and 0 < lineno <= len(code_lines):
-            lines.append("    " + code_lines[lineno - 1].strip())
-    msg = str(exc)
-    lines.append(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
-    return "\n".join(lines) + "\n"
-
-
 def on_limit(kind):
     def handler(signum, frame):
         raise CellLimit(kind)
@@ -382,7 +304,7 @@ def on_limit(kind):
 def run_cell(ns, n, code, loop):
     out = BoundedOut(CONFIG["out"])
     err, ok, limit = "", True, None
-    compiled, err, show = precheck(code, n)
+    compiled, err, show = precheck(code, n, CONFIG["forbidden"], CONFIG["async"])
     if compiled is None:
         send({"t": "done", "n": n, "out": "", "err": err, "ok": False})
         return

@@ -20,6 +20,7 @@ import os
 import platform
 import resource
 import signal
+import sys
 
 NOBODY = 65534
 NAMESPACES = {"user": 0x10000000, "pid": 0x20000000, "net": 0x40000000, "mount": 0x00020000, "ipc": 0x08000000,
@@ -167,6 +168,21 @@ def set_rlimits(config: dict, open_fds: list[int]) -> dict:
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, "RLIMIT_" + name), (value, value))
     return limits
+
+
+def import_seccomp(lib: str):
+    """Returns the pyseccomp module from directory ``lib`` (None where it or libseccomp is missing: the layer
+    report says so, and the host refuses to run cells)."""
+    if not lib:
+        return None
+    sys.path.insert(0, lib)
+    try:
+        import pyseccomp
+        return pyseccomp
+    except Exception:  # noqa: BLE001  (pyseccomp raises whatever ctypes does when libseccomp is absent)
+        return None
+    finally:
+        sys.path.remove(lib)
 
 
 def build_filter(seccomp):
