@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -64,6 +65,15 @@ CELLS = {
         "frame_not_an_object": PRE + "send([1, 2, 3])\nview_inventory()",
         "done_with_wrong_types": PRE + "send({{'t': 'done', 'n': cell_n, 'out': {{'d': 1}}, 'err': [1], "
                                        "'ok': 'yes', 'limit': [2]}})\nimport time\ntime.sleep(1.5)",
+    },
+    "network": {  # the trainer's judge server listens on loopback: a cell must not reach it
+        "connect_host_loopback": PRE + "s = g['sys'].modules['socket'].socket()\ns.settimeout(1)\n"
+                                       "s.connect(('127.0.0.1', {port}))\nprint('connected')",
+        # the same after freeing a descriptor (its own event loop's), so the NOFILE limit is not what stops it
+        "connect_host_loopback_fd_freed": PRE + "for fd in (5, 4, 3):\n    try:\n        g['close'](fd)\n"
+                                                "        break\n    except OSError:\n        pass\n"
+                                                "s = g['sys'].modules['socket'].socket()\ns.settimeout(1)\n"
+                                                "s.connect(('127.0.0.1', {port}))\nprint('connected')",
     },
     "files": {
         "fchmodat2_file_0777": PRE + "print(C.syscall(452, -100, b'{file}', 0o777, 0))",
@@ -129,8 +139,10 @@ async def attack(cls: str, name: str, task, d: str) -> dict:
     vpid, apid = victim.sandboxes["root"].pid, attacker.sandboxes["root"].pid
     digests, peer_sched, host_sched, user_files = (
         (attacker.digest(), victim.digest()), sched(vpid), sched(os.getpid()), files(d))
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
     code = CELLS[cls][name].format(victim=vpid, host=os.getpid(), pgid=os.getpgid(0), file=f"{d}/f",
-                                   subdir=f"{d}/sub", empty=f"{d}/empty")
+                                   subdir=f"{d}/sub", empty=f"{d}/empty", port=listener.getsockname()[1])
     gaps, stop = [0.0], [False]
 
     async def heartbeat():  # the host's event loop must never stall for long
@@ -155,6 +167,12 @@ async def attack(cls: str, name: str, task, d: str) -> dict:
     stop[0] = True
     await hb
     peer = await victim.run_cell("root", "v")
+    try:
+        listener.accept()[0].close()
+        reached = True
+    except BlockingIOError:
+        reached = False
+    listener.close()
     report = {
         "class": cls, "name": name, "took_s": round(took, 2), "host_raised": raised,
         "attacker_output": (r.get("output", "") + r.get("error", ""))[-300:], "attacker_limit": r.get("limit"),
@@ -163,13 +181,14 @@ async def attack(cls: str, name: str, task, d: str) -> dict:
         "host_sched_intact": sched(os.getpid()) == host_sched,
         "worlds_intact": (attacker.digest(), victim.digest()) == digests,
         "files_intact": files(d) == user_files,
+        "host_reached_on_loopback": reached,
         "host_cwd_leaked": os.path.basename(os.getcwd()) in (r.get("output", "") + r.get("error", "")),
         "host_loop_max_gap_s": round(gaps[0], 2), "host_rss_growth_mb": round(rss_growth, 1),
         "attacker_cpu_between_cells_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
     }
     report["contained"] = bool(
         raised is None and report["peer_intact"] and report["peer_sched_intact"] and report["host_sched_intact"]
-        and report["worlds_intact"] and report["files_intact"] and not report["host_cwd_leaked"]
+        and report["worlds_intact"] and report["files_intact"] and not report["host_cwd_leaked"] and not reached
         and gaps[0] < 1.0 and rss_growth < 200 and (report["attacker_cpu_between_cells_s"] or 0) < 0.2)
     await attacker.close()
     await victim.close()
