@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -105,7 +106,6 @@ class CellResult:
     restarted: bool = False
 
 
-
 class Sandbox:
     """One agent's persistent sandbox process. ``await run_cell(code, handler)`` -> :class:`CellResult`.
 
@@ -148,8 +148,6 @@ class Sandbox:
                 outer, stdin, stdout = Zygote.shared().fork(self.config)
             stdin, stdout = os.fdopen(stdin, "wb", buffering=0), os.fdopen(stdout, "rb", buffering=0)
         else:
-            import json
-
             outer = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", CHILD, json.dumps({**self.config, **child_options()})],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, cwd="/",

@@ -2,8 +2,9 @@
 ``sandbox_jail.py`` and ``pyseccomp``, found where the host says).
 
 It pre-imports what cells may use, locks itself down (namespaces, empty root, uid 65534, rlimits, seccomp
-allowlist: ``sandbox_jail``; then the audit hook), then runs cells one by one in a persistent namespace. Tool stubs in that namespace forward every call to the host as a
-frame and return its answer. See sandbox.py for the threat model.
+allowlist: ``sandbox_jail``; then the audit hook), then runs cells one by one in a persistent namespace. Tool stubs
+in that namespace forward every call to the host as a frame and return its answer. See sandbox.py for the threat
+model.
 """
 
 import asyncio

@@ -27,7 +27,8 @@ from envs_py.textcraft import TextCraftSession, load_tasks  # noqa: E402
 
 LIMITS = Limits(cpu_s=1.0, wall_s=2.0, grace_s=1.0, memory_mb=512, output_chars=4000)
 # The audit hook switched off and libc in hand: what a determined cell has (the in-process layers do not count).
-PRE = ("g = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0].__init__.__globals__\n"
+PRE = ("g = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]"
+       ".__init__.__globals__\n"
        "g['sys'].modules['__main__'].TRUSTED[0] = 1\n"
        "C = g['sys'].modules['ctypes'].CDLL(None, use_errno=True)\n"
        "send = view_inventory.__globals__['send']\n"
