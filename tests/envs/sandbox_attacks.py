@@ -44,6 +44,7 @@ CELLS = {
         "fcntl_sigalrm_process_group": ASYNC_OWNER.replace("{owner}", "-{pgid}").replace("{sig}", "14"),
         "fcntl_sigkill_host": ASYNC_OWNER.replace("{owner}", "{host}").replace("{sig}", "9"),
         "kill_peer": PRE + "g['kill']({victim}, 19)",
+        "ptrace_peer": PRE + "print(C.ptrace(16, {victim}, 0, 0), ct_errno())",  # PTRACE_ATTACH
         "sched_idle_peer": PRE + "g['sched_setscheduler']({victim}, 5, g['sched_param'](0))",
         "renice_peer": PRE + "g['setpriority'](0, {victim}, 19)",
         "affinity_peer": PRE + "g['sched_setaffinity']({victim}, {{0}})",
