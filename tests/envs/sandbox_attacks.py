@@ -3,8 +3,8 @@
 ``python tests/envs/sandbox_attacks.py [NAME ...]`` runs each named cell (all but the orphan one by default) in an
 attacker's sandbox while a second session (the victim, another tree) holds a live sandbox, and prints one JSON line
 per cell: whether the peer's next cell and namespace, the peer's scheduling, the host, both worlds and the user's
-files are intact, and what the cell printed (which names the layer that stopped it). ``--orphan`` starts two
-sandboxes, lets one try to outlive its host, prints their pids and waits to be SIGKILLed.
+files are intact, and what the cell printed (which names the layer that stopped it). ``--no-seccomp`` runs them
+without the seccomp allowlist (the namespaces and the protocol alone). ``--orphan`` starts two sandboxes, lets one try to outlive its host, prints their pids and waits to be SIGKILLed.
 
 It runs as its own process so that a cell which signals the host's process group, or kills the host, takes down
 this harness and not pytest; tests/envs/test_sandbox_boundary.py runs it as root and as an unprivileged user.
@@ -78,8 +78,8 @@ CELLS = {
                                                 "s.connect(('127.0.0.1', {port}))\nprint('connected')",
     },
     "files": {
-        "fchmodat2_file_0777": PRE + "print(C.syscall(452, -100, b'{file}', 0o777, 0))",
-        "fchmodat2_dir_0000": PRE + "print(C.syscall(452, -100, b'{subdir}', 0, 0))",
+        "fchmodat2_file_0777": PRE + "print(C.syscall(452, -100, b'{file}', 0o777, 0), ct_errno())",
+        "fchmodat2_dir_0000": PRE + "print(C.syscall(452, -100, b'{subdir}', 0, 0), ct_errno())",
         "utime_file": PRE + "g['utime']('{file}', (0, 0))",
         "setxattr_file": PRE + "g['setxattr']('{file}', 'user.pwned', b'1')",
         "rmdir": PRE + "g['rmdir']('{empty}')",
@@ -225,7 +225,14 @@ def main() -> None:
     if sys.argv[1:] == ["--orphan"]:
         asyncio.run(orphan(task))
         return
-    names = sys.argv[1:] or [n for cells in CELLS.values() for n in cells]
+    args = sys.argv[1:]
+    if args[:1] == ["--no-seccomp"]:  # the namespaces alone (no pyseccomp for the sandbox, the opt-out set)
+        import envs_py.sandbox_process as sp
+
+        sp.seccomp_lib = lambda: ""
+        os.environ["SERA_SANDBOX_UNISOLATED"] = "1"
+        args = args[1:]
+    names = args or [n for cells in CELLS.values() for n in cells]
     d = user_dir()
     cwd = tempfile.mkdtemp(prefix="host_cwd_", dir=d)
     os.chdir(cwd)  # the host's working directory: a cell must not learn its name
