@@ -1,179 +1,84 @@
-"""A sandbox for model-written Python cells: one persistent, locked-down process per agent.
+"""A sandbox for model-written Python cells: one persistent, locked-down process per agent (issue #49: a
+kernel-enforced boundary, as root and as an ordinary user).
 
-Host side (any asyncio process, e.g. an env worker): :class:`Sandbox` runs ``sandbox_child.py`` (stdlib only, so the
-child imports nothing of ours) under ``python -I -S`` with an empty environment. The child pre-imports the modules
-cells may use, then locks itself down before it runs any cell. On Linux a sandbox is a fork of a :class:`Zygote` (one
-such interpreter per host process that has done the pre-imports and never runs a cell), so an agent's sandbox costs
-a fork instead of an interpreter start; the fork locks itself down in the same way:
+Host side (any asyncio process, e.g. an env worker): :class:`Sandbox` runs ``sandbox_child.py`` under
+``python -I -S`` with an empty environment, or (on Linux, the default) forks it from a :class:`Zygote` that has done
+the pre-imports once. Before any cell the process enters these layers (``sandbox_jail.py``):
 
-* drops to uid/gid 65534 when started as root (so rlimits bind and nothing of root's is reachable);
-* rlimits: no new processes or threads (NPROC 0), no file writes (FSIZE 0), no new file descriptors (NOFILE =
-  the fds already open), an address-space cap, no core files, a lifetime CPU cap;
-* a seccomp filter (x86-64) that fails fork/clone/exec, sockets, open, kill/signals to others, ptrace,
-  setrlimit/setuid and similar calls with EPERM;
-* an audit hook that refuses file opens, os/subprocess/socket/ctypes/signal/gc-walking/frame events;
-* a cell namespace whose builtins lack open/eval/exec/compile/input and whose ``__import__`` only hands out a
-  whitelist of pre-imported modules (``asyncio`` is a restricted facade).
+* its own PID, network, mount, IPC and UTS namespaces (and a user namespace when the host is not root): no other
+  process is visible, so none can be signalled, traced or re-scheduled; no network, not even loopback; the root is
+  an empty read-only tmpfs, so no file of the host's or the user's is reachable and nothing is writable;
+* uid 65534 and no capabilities; its own session; it dies with its host (parent-death signals down a chain, and as
+  its namespace's init it takes the namespace with it);
+* rlimits: no new processes (NPROC 0), no file writes (FSIZE 0), no new descriptors, an address-space cap, no core
+  files, a lifetime CPU cap;
+* a seccomp allowlist built with libseccomp (``pyseccomp``): only what a running cell needs, with argument filters
+  (``fcntl`` cannot set O_ASYNC, F_SETOWN or F_SETSIG); everything else fails with EPERM;
+* then, inside the untrusted process (so determined code can switch them off; the tests do): an audit hook and a
+  cell namespace without open/eval/exec/compile and with whitelisted imports, for clear early error messages.
 
-The child holds no world state: every tool call, ``launch_subagent`` included, is an RPC answered by the host's
-handler, which validates it. Per cell the child enforces CPU (ITIMER_PROF) and wall-clock (ITIMER_REAL, paused
-while awaiting async tool calls such as sub-agents) limits and an output cap; the host kills the process after
-wall + grace seconds (again not counting time awaiting async tools), or on a crash or protocol violation, and
-starts a fresh one: the cell's observation says the namespace was lost. Frames are 4-byte lengths + JSON; the
-host decodes child messages with ``json`` only (never pickle/marshal).
+Where the kernel refuses the namespaces (no user namespaces and not root) or libseccomp is missing, the sandbox
+refuses to start, with :class:`SandboxRefused` naming what is missing; ``SERA_SANDBOX_UNISOLATED=1`` runs without
+them, with a warning on every run. The first sandbox of a host process prints its layer report.
 
-The process-level layers (uid, rlimits, seccomp, no world state) are the boundary. The audit hook and the
-namespace restrictions run inside the untrusted process, so determined code can switch them off (the tests do);
-they are there to give model code clear error messages early, and as a second layer.
+The host treats the wire as hostile (``sandbox_protocol.py``): strict frame shapes, capped sizes and entries,
+bounded decoding time, a bounded inbox; a frame while no cell runs kills the sandbox, which is stopped (SIGSTOP)
+between cells; and whatever the sandbox sends, ``run_cell`` returns an observation, never raises. The child holds no
+world state: every tool call, ``launch_subagent`` included, is an RPC answered by the host's handler, which
+validates it. Per cell the child enforces CPU and wall-clock limits (the wall clock paused while awaiting async
+tools such as sub-agents) and an output cap; the host kills the process after wall + grace seconds (not counting
+time awaiting async tools), or on a crash or protocol violation, and starts a fresh one: the cell's observation says
+the namespace was lost.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import inspect
 import json
 import os
-import select
-import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
 from typing import Any, Callable
 
-_HDR = struct.Struct("<I")
-MAX_FRAME = 4 << 20
-_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+from envs_py.sandbox_process import CHILD, UNISOLATED_ENV, Forked, SandboxProcess, Zygote, child_options
+from envs_py.sandbox_protocol import MAX_FRAME, Inbox, FrameReader, Violation, check_frame, decode_value, encode
+
+__all__ = ["CellResult", "Forked", "Limits", "MAX_FRAME", "Sandbox", "SandboxPool", "SandboxRefused", "Zygote",
+           "decode_value", "layer_report"]
 ToolHandler = Callable[[str, tuple, dict], Any]
+_reported = threading.Lock()
+_REPORTED: set[int] = set()  # host pids that printed their layer report
+MAX_WRITE_BUFFER = 16 << 20  # tool replies the sandbox leaves unread
 
 
-class Zygote:
-    """A fork server for sandboxes: one ``sandbox_child.py --zygote`` process per host process, started as a sandbox
-    is (isolated interpreter, empty environment, ``/`` as cwd) and holding the pre-imported modules. Each sandbox is a
-    fork of it, which then locks itself down exactly as a freshly started sandbox does: a new sandbox costs a few ms
-    of CPU instead of an interpreter start (~0.1 s of CPU, which on a small machine the rollout's device computation
-    pays for). The host passes the fork's stdin and stdout pipes over a unix socket and gets back its pid and a pidfd,
-    so it can signal that very process (never a reused pid). Linux only (``os.pidfd_open``); elsewhere, with
-    ``Sandbox(zygote=False)`` or with ``SERA_SANDBOX_ZYGOTE=0`` in the environment (read by every process, env
-    workers included: the A/B switch of ``tools/bench_job.py --no-zygote``), each sandbox is its own interpreter."""
-
-    _shared: "Zygote | None" = None
-    _shared_lock = threading.Lock()
-
-    def __init__(self):
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", _CHILD, "--zygote"], stdin=theirs,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={}, cwd="/",
-                                         close_fds=True)
-        finally:
-            theirs.close()
-        mine.settimeout(30)
-        self.sock, self.owner, self.lock = mine, os.getpid(), threading.Lock()
-
-    @classmethod
-    def available(cls) -> bool:
-        return (sys.platform == "linux" and hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
-                and os.environ.get("SERA_SANDBOX_ZYGOTE", "1") != "0")
-
-    @classmethod
-    def shared(cls) -> "Zygote":
-        """Returns this process's zygote, starting it (again, if it died or belongs to the process this one was
-        forked from)."""
-        with cls._shared_lock:
-            z = cls._shared
-            if z is None or z.owner != os.getpid() or z.proc.poll() is not None:
-                if z is not None and z.owner == os.getpid():
-                    z.close()
-                cls._shared = z = Zygote()
-            return z
-
-    @classmethod
-    def discard(cls) -> None:
-        """Stops this process's zygote (the next ``shared()`` starts a new one); its forks die with it."""
-        with cls._shared_lock:
-            z, cls._shared = cls._shared, None
-            if z is not None and z.owner == os.getpid():
-                z.close()
-
-    def fork(self, config: dict) -> tuple["Forked", int, int]:
-        """Returns a new sandbox process for ``config`` and the host's ends of its stdin and stdout pipes."""
-        to_child, to_host = os.pipe(), os.pipe()
-        try:
-            with self.lock:
-                socket.send_fds(self.sock, [json.dumps(config).encode()], [to_child[0], to_host[1]])
-                msg, fds, _, _ = socket.recv_fds(self.sock, 1 << 12, 1)
-        except BaseException:
-            os.close(to_child[1])
-            os.close(to_host[0])
-            raise
-        finally:
-            os.close(to_child[0])
-            os.close(to_host[1])
-        reply = json.loads(msg) if msg else {"error": "the zygote closed its socket"}
-        if "pid" not in reply:
-            for fd in fds + [to_child[1], to_host[0]]:
-                os.close(fd)
-            raise RuntimeError(f"sandbox zygote refused a fork: {reply.get('error')}")
-        return Forked(reply["pid"], fds[0] if fds else None), to_child[1], to_host[0]
-
-    def close(self) -> None:
-        self.sock.close()
-        _kill_and_wait(self.proc)
+class SandboxRefused(RuntimeError):
+    """The machine cannot give a sandbox its isolation layers (the message says which are missing)."""
 
 
-def _kill_and_wait(proc: "subprocess.Popen | Forked") -> None:
-    """Kills ``proc`` if it still runs and waits up to 5 s for it to end."""
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+def layer_report(info: dict) -> str:
+    """Returns a one-line description of a started sandbox's layers (from its ready message)."""
+    lay = info.get("layers", {})
+    ns = ", ".join(lay.get("namespaces", [])) or "none"
+    rl = " ".join(f"{k.lower()}={v}" for k, v in lay.get("rlimits", {}).items())
+    return (f"uid {lay.get('uid')} (on the host: {lay.get('host_uid')}); namespaces: {ns}; root: {lay.get('root')}; "
+            f"capabilities: {lay.get('capabilities')}; seccomp: {lay.get('seccomp')}; rlimits: {rl}")
 
 
-class Forked:
-    """A sandbox forked by the zygote (not this process's child), addressed through its pidfd: the part of
-    ``subprocess.Popen`` a :class:`Sandbox` uses."""
-
-    def __init__(self, pid: int, pidfd: int | None):
-        self.pid, self.pidfd, self.returncode = pid, pidfd, None
-
-    def _exited(self, timeout: float | None) -> bool:
-        """Waits up to ``timeout`` seconds (None: for ever) for the process to exit; returns whether it has (a pidfd
-        turns readable then; ``select.poll``, since fds past 1024 are common with hundreds of agents)."""
-        if self.pidfd is None:
-            return True
-        p = select.poll()
-        p.register(self.pidfd, select.POLLIN)
-        return bool(p.poll(None if timeout is None else int(timeout * 1000)))
-
-    def poll(self) -> int | None:
-        if self.returncode is None and self._exited(0):
-            self._ended()
-        return self.returncode
-
-    def _ended(self) -> None:
-        self.returncode = -signal.SIGKILL  # the zygote reaps it; its real status is not ours to read
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-    def kill(self) -> None:
-        if self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited(timeout):
-            raise subprocess.TimeoutExpired("sandbox", timeout)
-        self._ended()
-        return self.returncode
+def _announce(info: dict) -> None:
+    """Prints the layer report once per host process, and the opt-out warning on every run that uses it."""
+    with _reported:
+        if os.getpid() in _REPORTED:
+            return
+        _REPORTED.add(os.getpid())
+    refused = info.get("layers", {}).get("refused")
+    if refused or not info.get("seccomp"):
+        print(f"WARNING: sera sandbox runs model-written code WITHOUT ISOLATION ({UNISOLATED_ENV}=1): "
+              f"{refused or 'no seccomp allowlist'}. A cell can reach this user's processes and files.",
+              file=sys.stderr, flush=True)
+    print(f"sera sandbox layers: {layer_report(info)}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,85 +106,6 @@ class CellResult:
     restarted: bool = False
 
 
-def _encode(frame: dict) -> bytes:
-    body = json.dumps(frame, separators=(",", ":")).encode()
-    return _HDR.pack(len(body)) + body
-
-
-class _Inbox:
-    """Messages from the child, finished async tool calls and timer expiries, in arrival order."""
-
-    def __init__(self):
-        self.items: collections.deque = collections.deque()
-        self.waiter: asyncio.Future | None = None
-
-    def put(self, item: Any) -> None:
-        self.items.append(item)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def get(self) -> Any:
-        while not self.items:
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
-            self.waiter = None
-        return self.items.popleft()
-
-
-class _FrameReader(asyncio.Protocol):
-    def __init__(self, inbox: _Inbox):
-        self.inbox, self.buf = inbox, bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while len(self.buf) >= 4:
-            (n,) = _HDR.unpack_from(self.buf)
-            if n > MAX_FRAME:
-                self.inbox.put(ValueError(f"oversized frame ({n} bytes)"))
-                self.buf.clear()
-                return
-            if len(self.buf) < 4 + n:
-                return
-            body = bytes(self.buf[4:4 + n])
-            del self.buf[:4 + n]
-            try:
-                self.inbox.put(json.loads(body))
-            except (ValueError, RecursionError) as e:
-                self.inbox.put(ValueError(f"undecodable frame: {e}"))
-
-    def connection_lost(self, exc) -> None:
-        self.inbox.put(None)
-
-
-def decode_value(x: Any, depth: int = 0) -> Any:
-    """Returns the Python value of a tagged child value (tuples, lists, dicts with any keys); unknown objects
-    become a placeholder string. Raises ValueError on malformed or too deeply nested input."""
-    if depth > 64:
-        raise ValueError("value nested too deeply")
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    if isinstance(x, dict) and len(x) == 1:
-        (tag, v), = x.items()
-        if tag == "l" and isinstance(v, list):
-            return [decode_value(e, depth + 1) for e in v]
-        if tag == "t" and isinstance(v, list):
-            return tuple(decode_value(e, depth + 1) for e in v)
-        if tag == "d" and isinstance(v, list):
-            out = {}
-            for pair in v:
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise ValueError("bad dict entry")
-                k = decode_value(pair[0], depth + 1)
-                try:
-                    out[k] = decode_value(pair[1], depth + 1)
-                except TypeError:
-                    raise ValueError("unhashable dict key") from None
-            return out
-        if tag == "o" and isinstance(v, str):
-            return f"<{v[:60]} object>"
-    raise ValueError("malformed value")
-
-
 class Sandbox:
     """One agent's persistent sandbox process. ``await run_cell(code, handler)`` -> :class:`CellResult`.
 
@@ -295,76 +121,134 @@ class Sandbox:
                        "out": limits.output_chars, "life_cpu": limits.lifetime_cpu_s}
         self.limits = limits
         self.zygote = zygote and Zygote.available()
-        self.proc: subprocess.Popen | Forked | None = None
+        self.proc: SandboxProcess | None = None
         self.info: dict = {}
-        self._inbox: _Inbox | None = None
+        self._inbox: Inbox | None = None
         self._wtransport = None
+        self._rtransport = None
         self._cells = 0
+        self._state = "idle"  # "starting" | "running" (frames expected) | "idle" (stopped; a frame kills it)
 
     @property
     def pid(self) -> int | None:
-        """Returns the sandbox process id (None before start)."""
+        """Returns the sandbox process id (the sandbox proper, inside its namespaces; None before start)."""
         return self.proc.pid if self.proc is not None else None
 
     async def start(self) -> dict:
-        """Starts the process if needed and waits for it to be locked down; returns its ready message."""
+        """Starts the process if needed and waits for it to be locked down; returns its ready message (with its
+        ``layers``). Raises SandboxRefused where the machine cannot isolate it, RuntimeError if it fails to start."""
         if self.proc is not None and self.proc.poll() is None:
             return self.info
         loop = asyncio.get_running_loop()
         if self.zygote:
             try:
-                self.proc, stdin, stdout = Zygote.shared().fork(self.config)
+                outer, stdin, stdout = Zygote.shared().fork(self.config)
             except OSError:  # the zygote died since it was last checked: start a new one, once
                 Zygote.discard()
-                self.proc, stdin, stdout = Zygote.shared().fork(self.config)
+                outer, stdin, stdout = Zygote.shared().fork(self.config)
             stdin, stdout = os.fdopen(stdin, "wb", buffering=0), os.fdopen(stdout, "rb", buffering=0)
         else:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", _CHILD, json.dumps(self.config)],
+            outer = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", CHILD, json.dumps({**self.config, **child_options()})],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, cwd="/",
                 close_fds=True)
-            stdin, stdout = self.proc.stdin, self.proc.stdout
-        self._inbox = inbox = _Inbox()
-        await loop.connect_read_pipe(lambda: _FrameReader(inbox), stdout)
+            stdin, stdout = outer.stdin, outer.stdout
+        self.proc = proc = SandboxProcess(outer)
+        self._inbox = inbox = Inbox()
+        self._state = "starting"
+        self._rtransport, _ = await loop.connect_read_pipe(
+            lambda: FrameReader(inbox, lambda: self._state != "idle", self._between_cells), stdout)
         self._wtransport, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, stdin)
-        msg = await asyncio.wait_for(inbox.get(), timeout=30)
-        if not isinstance(msg, dict) or msg.get("t") != "ready":
+        try:
+            msg = await asyncio.wait_for(self._handshake(proc, inbox), timeout=30)
+        except SandboxRefused:
             self.kill()
-            raise RuntimeError("sandbox process failed to start")
+            raise
+        except (asyncio.TimeoutError, ValueError) as e:
+            self.kill()
+            raise RuntimeError(f"sandbox process failed to start: {e}") from None
         self.info = msg
         self._cells = 0
+        self._state = "idle"
+        proc.stop()
+        _announce(msg)
         return msg
+
+    async def _handshake(self, proc: SandboxProcess, inbox: Inbox) -> dict:
+        """Returns the ready message, having adopted the sandbox proper named by its keeper's jail frame."""
+        while True:
+            msg = await inbox.get()
+            if isinstance(msg, Violation):
+                raise ValueError(msg.why)
+            check_frame(msg, ("jail", "refused", "ready"))
+            if msg["t"] == "refused":
+                raise SandboxRefused(f"the sandbox refuses to run model-written code here: {msg['why']}. Set "
+                                     f"{UNISOLATED_ENV}=1 to run it without these layers at your own risk.")
+            if msg["t"] == "jail":
+                if proc.inner is not None or not proc.adopt(msg["pid"]):
+                    raise ValueError("the sandbox's keeper named no live process")
+                continue
+            if msg["layers"].get("namespaces") and proc.inner is None:
+                raise ValueError("a sandbox in namespaces whose keeper never named it")
+            return msg
+
+    def _between_cells(self) -> None:
+        """A frame arrived while no cell runs (or the reader saw a violation): the sandbox is killed now."""
+        if self._state == "idle":
+            self.kill()
 
     def kill(self) -> None:
         """Kills the process (if any); the next cell starts a fresh one."""
         if self.proc is not None:
-            _kill_and_wait(self.proc)
-            if self._wtransport is not None:
-                self._wtransport.close()
-            self.proc = None
+            proc, self.proc = self.proc, None
+            proc.kill()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for t in (self._wtransport, self._rtransport):
+                if t is not None:
+                    t.close()
+        self._state = "idle"
 
     async def close(self) -> None:
         """Stops the sandbox process."""
         self.kill()
 
     def _send(self, frame: dict) -> None:
-        self._wtransport.write(_encode(frame))
+        if self._wtransport is None or self._wtransport.is_closing():
+            return
+        self._wtransport.write(encode(frame))
 
     async def run_cell(self, code: str, handler: ToolHandler) -> CellResult:
-        """Runs one cell in this agent's namespace; returns its observation (never raises on cell behaviour)."""
+        """Runs one cell in this agent's namespace; returns its observation (never raises on cell behaviour,
+        whatever the sandbox sends; SandboxRefused if a sandbox cannot be started here)."""
         restarted = False
         if self.proc is None or self.proc.poll() is not None:
-            restarted = self._cells > 0  # it died between cells: say so
+            restarted = self._cells > 0  # it died between cells (or was killed for writing then): say so
+            self.kill()
             await self.start()
         self._cells += 1
+        self._state = "running"
+        self.proc.cont()
         self._send({"t": "cell", "n": self._cells, "code": code if isinstance(code, str) else str(code)})
+        try:
+            result = await self._serve(handler, restarted)
+        except Exception as e:  # noqa: BLE001  (the host never raises on what a sandbox sends)
+            result = self._lost("killed", f"Error: protocol violation ({type(e).__name__}) while running the cell.")
+        if self.proc is not None:
+            self._state = "idle"
+            self.proc.stop()
+        return result
+
+    async def _serve(self, handler: ToolHandler, restarted: bool) -> CellResult:
         loop = asyncio.get_running_loop()
         inbox = self._inbox
         budget = self.limits.wall_s + self.limits.grace_s  # wall seconds left, not counting awaited async tools
         started = loop.time()
         token = object()  # this cell's timeout marker (a stale marker of an earlier cell is ignored)
         timer = loop.call_at(started + budget, inbox.put, token)
-        inflight: dict[Any, asyncio.Future] = {}
+        inflight: dict[int, asyncio.Future] = {}
         try:
             while True:
                 msg = await inbox.get()
@@ -381,33 +265,36 @@ class Sandbox:
                         continue
                     return self._lost("killed", f"Error: the cell exceeded its wall-clock limit "
                                       f"({self.limits.wall_s:g} s) and did not stop; the sandbox was killed.")
-                if not isinstance(msg, dict):
-                    if msg is not None and not isinstance(msg, ValueError):
-                        continue  # a stale timeout marker of an earlier cell
-                    why = "crashed" if msg is None else "killed"
-                    detail = "the sandbox process died" if msg is None else f"protocol violation ({msg})"
+                if isinstance(msg, Violation):
+                    why, detail = ("crashed", msg.why) if msg.closed else ("killed", f"protocol violation ({msg.why})")
                     return self._lost(why, f"Error: {detail} while running the cell.")
-                kind = msg.get("t")
-                if kind == "done":
-                    if msg.get("n") != self._cells:
-                        continue  # a stale or forged frame of another cell
-                    limit = msg.get("limit")
-                    return CellResult(str(msg.get("out", ""))[: self.limits.output_chars + 200],
-                                      str(msg.get("err", ""))[:4000], msg.get("ok") is True,
-                                      limit if limit in ("cpu", "wall", "memory", "output") else None, restarted)
-                if kind != "call" or not isinstance(msg.get("name"), str):
-                    continue
-                cid = msg.get("id")
+                if type(msg) is not dict:
+                    continue  # a stale timeout marker of an earlier cell
                 try:
-                    args = decode_value(msg.get("a", {"l": []}))
-                    kwargs = decode_value(msg.get("k", {"d": []}))
+                    check_frame(msg, ("call", "done"))
+                    if msg["t"] == "done" and msg["n"] != self._cells:
+                        raise ValueError("a done frame for another cell")
+                    if msg["t"] == "call" and msg["id"] in inflight:
+                        raise ValueError("a call id already in flight")
+                except ValueError as e:
+                    return self._lost("killed", f"Error: protocol violation ({e}) while running the cell.")
+                if msg["t"] == "done":
+                    return CellResult(msg["out"][: self.limits.output_chars + 200], msg["err"][:4000], msg["ok"],
+                                      msg.get("limit"), restarted)
+                if self._wtransport is not None and self._wtransport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+                    return self._lost("killed", "Error: protocol violation (tool replies left unread) while "
+                                      "running the cell.")
+                cid = msg["id"]
+                try:
+                    args = decode_value(msg["a"])
+                    kwargs = decode_value(msg["k"])
                     if not isinstance(args, list) or not isinstance(kwargs, dict) or \
                             not all(isinstance(k, str) for k in kwargs):
                         raise ValueError("malformed call")
                 except (ValueError, RecursionError) as e:
                     self._send({"t": "ret", "id": cid, "err": f"bad tool call: {e}"})
                     continue
-                if msg.get("async"):
+                if msg["async"]:
                     if not inflight:  # stop the wall clock while awaiting (e.g. a sub-agent)
                         timer.cancel()
                         budget -= loop.time() - started

@@ -1,18 +1,17 @@
-"""The sandbox process (run as a script by :mod:`envs_py.sandbox`; standard library only).
+"""The sandbox process (run as a script by :mod:`envs_py.sandbox`; standard library, its sibling
+``sandbox_jail.py`` and ``pyseccomp``, found where the host says).
 
-It pre-imports what cells may use, locks itself down (privilege drop, rlimits, seccomp, audit hook), then runs
-cells one by one in a persistent namespace. Tool stubs in that namespace forward every call to the host as a
-frame and return its answer. See sandbox.py for the threat model.
+It pre-imports what cells may use, locks itself down (namespaces, empty root, uid 65534, rlimits, seccomp
+allowlist: ``sandbox_jail``; then the audit hook), then runs cells one by one in a persistent namespace. Tool stubs
+in that namespace forward every call to the host as a frame and return its answer. See sandbox.py for the threat
+model.
 """
 
-import ast
 import asyncio
 import builtins
 import json
 import os
-import platform
 import pprint
-import resource
 import select
 import signal
 import struct
@@ -22,17 +21,15 @@ import bisect, collections, collections.abc, copy, dataclasses, datetime, decima
 import functools, heapq, itertools, math, operator, random, re, statistics, string, textwrap, time  # noqa: E401
 import typing  # noqa: E402
 
-try:  # only for prctl (seccomp, parent-death signal); without it the other layers still hold
-    import ctypes
-except ImportError:  # pragma: no cover
-    ctypes = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sandbox_jail as jail  # noqa: E402
+from sandbox_cell_code import format_exception, precheck  # noqa: E402
 
 ALLOWED_IMPORTS = {"bisect", "collections", "collections.abc", "copy", "dataclasses", "datetime", "decimal", "enum",
                    "fractions", "functools", "heapq", "itertools", "math", "operator", "pprint", "random", "re",
                    "statistics", "string", "textwrap", "time", "typing", "json", "asyncio"}
 REMOVED_BUILTINS = ("open", "eval", "exec", "compile", "input", "breakpoint", "help", "exit", "quit", "__loader__",
                     "__spec__", "copyright", "credits", "license")
-GATHERERS = {"gather", "wait", "wait_for", "create_task", "as_completed", "ensure_future", "shield"}
 ASYNCIO_ALLOWED = ("gather", "sleep", "create_task", "wait", "wait_for", "as_completed", "shield", "Lock", "Event",
                    "Semaphore", "BoundedSemaphore", "Condition", "Queue", "LifoQueue", "PriorityQueue", "timeout",
                    "TimeoutError", "CancelledError", "QueueEmpty", "QueueFull", "FIRST_COMPLETED",
@@ -40,6 +37,12 @@ ASYNCIO_ALLOWED = ("gather", "sleep", "create_task", "wait", "wait_for", "as_com
 HDR = struct.Struct("<I")
 ZYGOTE = sys.argv[1:2] == ["--zygote"]
 CONFIG = {} if ZYGOTE else json.loads(sys.argv[1])  # a zygote's forks get theirs with the fork request
+PARENT = os.getppid()  # the host (a zygote's forks: the zygote); the sandbox dies with it
+OPTIONS = json.loads(sys.argv[2]) if ZYGOTE else CONFIG
+
+
+SECCOMP = jail.import_seccomp(OPTIONS.get("lib"))
+FILTER = jail.build_filter(SECCOMP)  # built once (in a zygote, once for all its forks), loaded by each sandbox
 TRUSTED = [1]  # audit events are allowed while the runner itself works (set to 0 around cell code)
 
 
@@ -234,40 +237,13 @@ def audit_hook(event, args, _t=TRUSTED, _b=BLOCKED_EVENTS, _p=BLOCKED_PREFIXES, 
         raise ValueError("sys._getframe is not allowed in the sandbox")
 
 
-# x86-64 syscalls that fail with EPERM inside the sandbox.
-DENIED_SYSCALLS = (57, 58, 56, 435, 59, 322, 41, 53, 42, 49, 50, 43, 288, 62, 200, 234, 101, 160, 302, 105, 106,
-                   113, 114, 117, 119, 116, 272, 308, 165, 161, 2, 257, 437, 85, 83, 258, 87, 263, 82, 264, 316, 86,
-                   265, 88, 266, 90, 268, 92, 94, 260, 76, 310, 311, 434, 424, 129, 297, 321, 298, 425, 323, 319,
-                   303, 304, 250, 248, 249, 135, 133, 259, 29, 30, 68, 69, 64, 240)
+def refuse(why):
+    send({"t": "refused", "why": why})
+    os._exit(3)
 
 
-def install_seccomp(libc):
-    if libc is None or platform.machine() != "x86_64":
-        return False
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
-                    ("k", ctypes.c_uint)]
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    deny, allow, kill = 0x00050000 | 1, 0x7FFF0000, 0x80000000
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, 0xC000003E), (ret, 0, 0, kill), (ld, 0, 0, 0),
-            (jge, 0, 1, 0x40000000), (ret, 0, 0, deny)]
-    for nr in DENIED_SYSCALLS:
-        prog += [(jeq, 0, 1, nr), (ret, 0, 0, deny)]
-    prog.append((ret, 0, 0, allow))
-    arr = (Filter * len(prog))(*[Filter(*f) for f in prog])
-    fprog = Prog(len(prog), ctypes.cast(arr, ctypes.POINTER(Filter)))
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        return False
-    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-
-
-def lockdown():
-    uid_dropped = False
+def lockdown(parent):
+    """Enters every layer (see sandbox_jail); returns the ready message's layer report."""
     open_fds = []
     for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
         try:
@@ -275,28 +251,26 @@ def lockdown():
             open_fds.append(fd)
         except OSError:
             pass  # the listing's own, now closed, directory fd
-    if os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
-        uid_dropped = True
-    libc = ctypes.CDLL(None, use_errno=True) if ctypes is not None else None
-    if libc is not None:
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (after setuid, which clears it): die with the host
-    if os.getppid() == 1:
-        os._exit(0)  # the host is already gone
-    lim = resource.setrlimit
-    lim(resource.RLIMIT_NPROC, (0, 0))
-    lim(resource.RLIMIT_FSIZE, (0, 0))
-    lim(resource.RLIMIT_CORE, (0, 0))
-    lim(resource.RLIMIT_MEMLOCK, (0, 0))
-    lim(resource.RLIMIT_MSGQUEUE, (0, 0))
-    lim(resource.RLIMIT_NOFILE, (max(open_fds) + 1,) * 2)
-    lim(resource.RLIMIT_CPU, (CONFIG["life_cpu"], CONFIG["life_cpu"]))
-    lim(resource.RLIMIT_AS, (CONFIG["memory"], CONFIG["memory"]))
-    seccomp = install_seccomp(libc)  # last: it also forbids setrlimit
+    unisolated = OPTIONS.get("unisolated") is True
+    if FILTER is None and not unisolated:
+        refuse("no seccomp allowlist: the Python package pyseccomp or the system library libseccomp "
+               "(Debian: libseccomp2) is missing")
+    was_root = os.getuid() == 0
+    try:
+        layers = jail.isolate(parent, lambda pid: send({"t": "jail", "pid": pid}))
+    except jail.Refused as e:
+        if not unisolated:
+            refuse(f"no namespaces: {e}; as an ordinary user this needs unprivileged user namespaces "
+                   "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, no AppArmor "
+                   "restriction on them)")
+        layers = {**jail.drop_uid_only(parent), "refused": str(e)}
+    layers["rlimits"] = jail.set_rlimits(CONFIG, open_fds)
+    jail.dumpable(False)
+    if FILTER is not None:
+        jail.load_filter(SECCOMP, FILTER)  # last: it also forbids setrlimit
+    layers["seccomp"] = "allowlist (libseccomp)" if FILTER is not None else "none"
     sys.addaudithook(audit_hook)
-    return {"uid_dropped": uid_dropped, "seccomp": seccomp, "uid": os.getuid()}
+    return {"uid_dropped": was_root, "seccomp": FILTER is not None, "uid": os.getuid(), "layers": layers}
 
 
 # -- cells ----------------------------------------------------------------------------------------------------
@@ -322,69 +296,6 @@ class BoundedOut:
         return "".join(self.parts)
 
 
-def precheck(code, n):
-    """Returns (compiled code or None, error text, whether the last expression is displayed)."""
-    if not code.strip():
-        return None, "No code available to execute.", False
-    try:
-        tree = ast.parse(code, f"<cell-{n}>", "exec")
-    except (SyntaxError, ValueError) as e:
-        line = (e.text or "").rstrip("\n") if isinstance(e, SyntaxError) else ""
-        msg = e.msg if isinstance(e, SyntaxError) else str(e)
-        return None, f"Execution failed. Traceback:\nSyntax error in line:\n{line}\nMessage: {msg}", False
-    ok_calls = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Await) and isinstance(node.value, ast.Call):
-            ok_calls.add(id(node.value))
-        if isinstance(node, ast.Call):
-            f = node.func
-            fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-            if fname in GATHERERS:
-                for sub in node.args + [k.value for k in node.keywords]:
-                    ok_calls.update(id(x) for x in ast.walk(sub) if isinstance(x, ast.Call))
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                f"{node.value.id}.{node.attr}" in CONFIG["forbidden"]:
-            return None, f"ERROR: {node.value.id}.{node.attr}() is not allowed in the sandbox.", False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONFIG["async"] \
-                and id(node) not in ok_calls:
-            name = node.func.id
-            return None, (f"ERROR: {name}() requires 'await' to run. Use: result = await {name}(...) or "
-                          f"results = await asyncio.gather({name}(...), {name}(...))"), False
-    show = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";")
-    if show:
-        last = tree.body[-1]
-        tree.body[-1] = ast.copy_location(
-            ast.Assign(targets=[ast.Name("__cell_value__", ast.Store())], value=last.value), last)
-        ast.fix_missing_locations(tree)
-    return compile(tree, f"<cell-{n}>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), "", show
-
-
-def format_exception(exc, n, code_lines):
-    lines = ["Traceback (most recent call last):"]
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        fname = tb.tb_frame.f_code.co_filename
-        if fname.startswith("<cell-"):
-            frames.append((fname, tb.tb_lineno, tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    if len(frames) > 8:
-        frames = frames[:3] + [None] + frames[-4:]
-    for fr in frames:
-        if fr is None:
-            lines.append("  ... (repeated frames omitted) ...")
-            continue
-        fname, lineno, func = fr
-        where = f"Cell In[{fname[6:-1]}], line {lineno}" + ("" if func == "<module>" else f", in {func}")
-        lines.append("  " + where)
-        if fname == f"<cell-{n}>" and 0 < lineno <= len(code_lines):
-            lines.append("    " + code_lines[lineno - 1].strip())
-    msg = str(exc)
-    lines.append(f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__)
-    return "\n".join(lines) + "\n"
-
-
 def on_limit(kind):
     def handler(signum, frame):
         raise CellLimit(kind)
@@ -394,7 +305,7 @@ def on_limit(kind):
 def run_cell(ns, n, code, loop):
     out = BoundedOut(CONFIG["out"])
     err, ok, limit = "", True, None
-    compiled, err, show = precheck(code, n)
+    compiled, err, show = precheck(code, n, CONFIG["forbidden"], CONFIG["async"])
     if compiled is None:
         send({"t": "done", "n": n, "out": "", "err": err, "ok": False})
         return
@@ -446,14 +357,14 @@ def run_cell(ns, n, code, loop):
     send({"t": "done", "n": n, "out": out.getvalue(), "err": err, "ok": ok, "limit": limit})
 
 
-def main():
+def main(parent=PARENT):
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     os.set_blocking(0, False)
     loop.add_reader(0, _on_readable)
     signal.signal(signal.SIGPROF, on_limit("cpu"))
     signal.signal(signal.SIGALRM, on_limit("wall"))
-    info = lockdown()
+    info = lockdown(parent)
     ns = new_namespace(loop)
     send({"t": "ready", **info})
     while True:
@@ -478,6 +389,7 @@ def zygote():
     # No parent-death signal here (it would fire when the host *thread* that started the zygote ends): the zygote
     # ends when the host's end of the socket closes, and each fork dies with the zygote (its own PDEATHSIG).
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the forks
+    me = os.getpid()
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
@@ -502,7 +414,7 @@ def zygote():
                 global CONFIG
                 CONFIG = json.loads(msg)
                 random.seed()  # each fork its own stream, as a fresh interpreter would have
-                main()
+                main(me)
             finally:
                 os._exit(1)
         for fd in fds:

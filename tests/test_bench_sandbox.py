@@ -18,6 +18,7 @@ def test_bench_sandbox_reports_both_ways():
                          text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     result = dict(kv.split("=") for kv in out.stdout.strip().splitlines()[-1].split()[1:])
-    assert set(result) == {"n", "own_cpu_ms", "fork_cpu_ms", "own_wall_ms", "fork_wall_ms", "zygote_cpu_ms"}
+    assert set(result) == {"n", "own_cpu_ms", "fork_cpu_ms", "own_wall_ms", "fork_wall_ms", "zygote_cpu_ms",
+                           "cell_rt_ms", "call_rt_us", "matmul_gflops"}
     assert result["n"] == "2" and all(float(v) >= 0 for v in result.values())
     assert "own interpreter" in out.stdout and "fork of the zygote" in out.stdout

@@ -73,7 +73,7 @@ def test_sandboxes_are_forks_of_one_zygote_each_its_own(loop):
         sbs = [Sandbox([], [], LIMITS) for _ in range(3)]
         drawn = [(await sb.run_cell("import random\nx = random.getrandbits(64)\nx", noop)).output for sb in sbs]
         zygote = Zygote.shared()
-        parents = [_parent(sb.pid) for sb in sbs]
+        parents = [_parent(_parent(sb.pid)) for sb in sbs]  # the sandbox proper's keeper is the zygote's fork
         locked = [sb.info for sb in sbs]
         sbs[0].kill()  # one sandbox killed (through its pidfd): the others keep their namespaces
         kept = [(await sb.run_cell("x", noop)).output for sb in sbs[1:]]
@@ -83,7 +83,7 @@ def test_sandboxes_are_forks_of_one_zygote_each_its_own(loop):
         lost = await sbs[1].run_cell("x", noop)
         again = await sbs[1].run_cell("y = 5\ny", noop)
         new_zygote = Zygote.shared()
-        new_parent = _parent(sbs[1].pid)
+        new_parent = _parent(_parent(sbs[1].pid))
         new_zygote.sock.close()  # a zygote lost between the liveness check and the fork request: replaced, once
         fresh = Sandbox([], [], LIMITS)
         fresh_out = (await fresh.run_cell("6 * 7", noop)).output
@@ -116,9 +116,10 @@ def test_a_forked_sandbox_is_watched_at_descriptors_past_1024(loop):
         async def main():
             sb = Sandbox([], [], LIMITS)
             out = (await sb.run_cell("1 + 1", lambda *a: None)).output
-            os.dup2(sb.proc.pidfd, 2050)
-            os.close(sb.proc.pidfd)
-            sb.proc.pidfd = 2050
+            keeper = sb.proc.outer  # the zygote's fork, whose pidfd is polled (the sandbox proper's only signalled)
+            os.dup2(keeper.pidfd, 2050)
+            os.close(keeper.pidfd)
+            keeper.pidfd = 2050
             alive = sb.proc.poll()
             await sb.close()
             return out, alive, sb.proc
