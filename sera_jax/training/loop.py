@@ -48,13 +48,10 @@ from sera_jax.agents.records import write_jsonl
 from sera_jax.parallel.hosts import deal_ranks
 from sera_jax.rl.baselines import (
     GroupCredit,
-    apply_depth_weights,
-    step_is_skipped,
     step_rubric_credit,
     task_group_credit,
     warm_credit,
 )
-from sera_jax.rl.batch import bucket_length, pack_datums
 from sera_jax.rl.stages import MethodConfig, position
 from sera_jax.sampling import compile_watch
 from sera_jax.training.admission import Admission
@@ -65,9 +62,10 @@ from sera_jax.training.checkpoint import (
 )
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.shared_step import SharedStep, local_figures
+from sera_jax.training.step_batch import build_batch, build_shared_batch
 from sera_jax.training.stats import tree_metrics
-from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches, step_shapes
-from sera_jax.training.task_stream import TaskStream
+from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, step_shapes
+from sera_jax.training.task_stream import TaskStream, merge_streams
 
 
 class NoTrainableData(RuntimeError):
@@ -91,64 +89,6 @@ class StepOutcome:
     skipped: bool
     reason: str
     metrics: dict[str, Any]
-
-
-def micro_batch_count(n: int, warmed: Sequence[int] = ()) -> int:
-    """Returns the micro-batch count M that ``n`` packed micro-batches are padded to: the smallest warmed count ≥
-    ``n`` (the warm-up compiled the step for it, and 3 run as 3, not as 4 with an empty one), else the next power of
-    two (compiled on first use; powers keep those compiles few)."""
-    fits = [m for m in warmed if m >= n]
-    return min(fits) if fits else 1 << max(n - 1, 0).bit_length()
-
-
-def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trainable: int, token_budget: int,
-                buckets: Sequence[int], row_multiple: int, warmed_micro_batches: Sequence[int] = ()):
-    """Returns (stacked micro-batches or None, info): depth-weighted trainable datums packed for ``train_step``,
-    their count padded by ``micro_batch_count``; None when the step must be skipped (fewer than ``min_trainable``
-    trainable datums: the reference's 8 ranks, recipes.md §2.7)."""
-    datums = [d for g in groups for d in g.datums]
-    trainable = [d for d in datums if d.trainable]
-    info = {"datums": len(datums), "trainable_datums": len(trainable)}
-    if step_is_skipped(len(trainable), min_trainable):
-        return None, {**info, "reason": f"{len(trainable)} trainable datums < {min_trainable} (one per rank)"}
-    if method.depth_level_weighting:
-        trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma)
-    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_groups=row_multiple)
-    batch = stack_micro_batches(packed.micro_batches, row_multiple=row_multiple,
-                                num=micro_batch_count(len(packed.micro_batches), warmed_micro_batches))
-    info.update(micro_batches=len(packed.micro_batches), loss_tokens=packed.num_tokens,
-                rows=int(batch.tokens.shape[1]), row_len=int(batch.tokens.shape[2]))
-    return batch, info
-
-
-def build_shared_batch(groups: Sequence[GroupCredit], shared: SharedStep, method: MethodConfig, *,
-                       min_trainable: int, token_budget: int, buckets: Sequence[int], row_multiple: int,
-                       warmed_micro_batches: Sequence[int], agree: Callable[[int], int]):
-    """Returns (this process's rows of the stacked micro-batches or None, info) for a multi-host step.
-
-    The skip rule, the depth weights, the row length T and the loss-token count come from the whole step's
-    gathered figures, so every process packs its own datums into micro-batches of the same [rows / P, T] and the
-    CISPO token mean divides by the step's tokens; ``agree(n)`` returns the largest local micro-batch count (a
-    gather), padded like ``build_batch``'s. The global batch is the processes' rows side by side."""
-    info = {"datums": sum(f["datums"] for f in shared.figures), "trainable_datums": shared.trainable}
-    if step_is_skipped(shared.trainable, min_trainable):
-        return None, {**info, "reason": f"{shared.trainable} trainable datums < {min_trainable} (one per rank)"}
-    processes = len(shared.figures)
-    if row_multiple % processes:
-        raise ValueError(f"the batch split ({row_multiple} devices) is not a multiple of the {processes} processes")
-    local_rows = row_multiple // processes
-    trainable = [d for g in groups for d in g.datums if d.trainable]
-    if method.depth_level_weighting:
-        trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma,
-                                        histogram=shared.depth_histogram())
-    row_len = bucket_length(max(shared.max_len, 1), buckets)
-    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_len=row_len,
-                         num_tokens=shared.loss_tokens, row_groups=local_rows)
-    num = micro_batch_count(agree(len(packed.micro_batches)), warmed_micro_batches)
-    batch = stack_micro_batches(packed.micro_batches, row_multiple=local_rows, num=num)
-    info.update(micro_batches=num, loss_tokens=shared.loss_tokens, rows=int(batch.tokens.shape[1]) * processes,
-                row_len=int(batch.tokens.shape[2]))
-    return batch, info
 
 
 @dataclasses.dataclass
@@ -259,7 +199,8 @@ class Loop:
                                                       f"{self.trees_suffix}.jsonl")
         shared = None
         if multi:
-            shared = SharedStep(self.exchange.allgather(local_figures(
+            # Waited for off the event loop: groups the staleness bound carries across the update keep generating.
+            shared = SharedStep(await asyncio.to_thread(self.exchange.allgather, local_figures(
                 stage=pos.stage, version=self.version, groups=groups, stats=stats, trees=trees,
                 rubric_step_scope=step_scope,
                 times={k: float(v) for k, v in metrics.items() if k.startswith("time/")},
@@ -470,22 +411,6 @@ class Loop:
             if self.checkpointer is not None:
                 self.checkpointer.wait()
         return outcomes
-
-
-def merge_streams(records: Sequence[dict[str, Any]], ranks: int) -> dict[str, Any]:
-    """Returns the job's data-order record from every process's (process order): each rank's epoch, cursor and
-    requeued tasks come from the process that runs it (``parallel.hosts.deal_ranks``); the other processes never
-    moved that rank's cursor."""
-    out = {**records[0], "epochs": list(records[0]["epochs"]), "cursors": list(records[0]["cursors"]),
-           "requeued": [list(q) for q in records[0]["requeued"]]}
-    if out["ranks"] != ranks:
-        raise ValueError(f"the data order has {out['ranks']} ranks, the step {ranks}: a multi-host run needs them "
-                         "equal")
-    for p, rec in enumerate(records):
-        for r in deal_ranks(ranks, p, len(records)):
-            out["epochs"][r], out["cursors"][r] = rec["epochs"][r], rec["cursors"][r]
-            out["requeued"][r] = list(rec["requeued"][r])
-    return out
 
 
 def generation_metrics(before: Sequence[dict[str, int]], after: Sequence[dict[str, int]], seconds: float

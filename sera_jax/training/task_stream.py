@@ -13,9 +13,11 @@ rollouts were scheduled. Everything is JSON (checkpointed with the run).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
+
+from sera_jax.parallel.hosts import deal_ranks
 
 
 @dataclasses.dataclass
@@ -83,3 +85,19 @@ class TaskStream:
         if "cursor" in d:  # one shared stream: continue it as one rank
             return cls(d["num_tasks"], d["seed"], 1, True, [d["epoch"]], [d["cursor"]], [[]])
         return cls(**d)
+
+
+def merge_streams(records: Sequence[dict[str, Any]], ranks: int) -> dict[str, Any]:
+    """Returns the job's data-order record from every process's (process order): each rank's epoch, cursor and
+    requeued tasks come from the process that runs it (``parallel.hosts.deal_ranks``); the other processes never
+    moved that rank's cursor."""
+    out = {**records[0], "epochs": list(records[0]["epochs"]), "cursors": list(records[0]["cursors"]),
+           "requeued": [list(q) for q in records[0]["requeued"]]}
+    if out["ranks"] != ranks:
+        raise ValueError(f"the data order has {out['ranks']} ranks, the step {ranks}: a multi-host run needs them "
+                         "equal")
+    for p, rec in enumerate(records):
+        for r in deal_ranks(ranks, p, len(records)):
+            out["epochs"][r], out["cursors"][r] = rec["epochs"][r], rec["cursors"][r]
+            out["requeued"][r] = list(rec["requeued"][r])
+    return out

@@ -14,7 +14,8 @@ import pytest
 from sera_jax.parallel.hosts import DistributedError, deal_ranks, distributed_settings
 from sera_jax.rl.baselines import GroupCredit, apply_depth_weights, step_rubric_credit, step_rubric_rewards
 from sera_jax.rl.stages import method_config
-from sera_jax.training.loop import build_batch, build_shared_batch, merge_streams
+from sera_jax.training.step_batch import build_batch, build_shared_batch
+from sera_jax.training.task_stream import merge_streams
 from sera_jax.training.shared_step import SharedStep, local_figures
 from sera_jax.training.task_stream import TaskStream
 from tests.rl.rl_builders import random_datums
