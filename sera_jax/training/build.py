@@ -34,6 +34,8 @@ from sera_jax.sampling.replicas import EngineReplicas
 from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
 from sera_jax.training.loop import Loop, StepOutcome
 from sera_jax.training.metrics import MetricsWriter
+from sera_jax.training.resume import cut_back, describe_start, finished, summary_line
+from sera_jax.training.run_lock import RunLock
 from sera_jax.training.step import make_train_step, shard_train_state
 from sera_jax.training.task_stream import TaskStream
 
@@ -73,6 +75,20 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     closes its engine, env workers, checkpointer and metrics on exit."""
     initialize_distributed()
     out_dir = Path(out_dir or cfg.train.out_dir)
+    # One writer per run directory (training/run_lock.py); process 0 writes the records, so it alone holds it.
+    lock = RunLock(out_dir, Path(sys.argv[0]).name or "sera-train") if jax.process_index() == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        async with _build_loop(cfg, out_dir) as loop:
+            yield loop
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+@contextlib.asynccontextmanager
+async def _build_loop(cfg: RunConfig, out_dir: Path) -> AsyncIterator[Loop]:
     out_dir.mkdir(parents=True, exist_ok=True)
     check_mesh(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
@@ -143,7 +159,6 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
 
     checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
                                 keep=cfg.train.keep_checkpoints)
-    metrics = MetricsWriter(out_dir)
     data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
     loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
                 method=method, stream=task_stream(cfg, len(tasks)), env=env,
@@ -155,28 +170,40 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                 speculative=cfg.rollout.speculative_groups_per_rank, token_budget=cfg.batch.token_budget,
                 buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
                 filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
-                metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
+                metrics=None, checkpoint_fallback=cfg.train.checkpoint_fallback, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
                                                 data_files=data_files), trees_dir=out_dir / "trees",
                 engine_stats=engine.stats, engines=engine,
                 warm_micro_batches=tuple(cfg.train.warmup_micro_batches))
     loop.tokenizer = tokenizer  # for callers that render trees or evaluate
     loop.engine = engine  # EngineReplicas: the policy's sampling engines
     loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
-    if cfg.train.warmup:
-        if judge_engine is not None:
-            judge_engine.warmup()
-        loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
-    loop.restore_latest()
     try:
+        # A finished run compiles nothing: its rerun only says so (and no warm-up thread outlives it).
+        if cfg.train.warmup and not finished(checkpointer, cfg.train.total_steps):
+            if judge_engine is not None:
+                judge_engine.warmup()
+            loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
+        start = describe_start(cfg, loop.restore_latest(), loop.version)
+        if jax.process_index() == 0:
+            # Records of attempts the restored checkpoint does not hold are cut back before any is written again.
+            cut = cut_back(out_dir, loop.version, loop.skipped_steps)
+            loop.metrics = MetricsWriter(out_dir)
+            if cut["tensorboard_reset"]:
+                loop.metrics.replay(cut["records"])
+            print("; ".join(x for x in (start, summary_line(cut)) if x), file=sys.stderr, flush=True)
+        else:
+            loop.metrics = MetricsWriter(out_dir)
         yield loop
     finally:
+        step_fn.stop_warm()  # a compile thread alive at interpreter exit aborts it
         engine.close()
         if judge_engine is not None:
             judge_engine.close()
         if pool is not None:
             await pool.close()
         checkpointer.close()
-        metrics.close()
+        if loop.metrics is not None:
+            loop.metrics.close()
 
 
 async def train_from_config(cfg: RunConfig, *, out_dir: str | Path | None = None, max_attempts: int | None = None,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -62,6 +63,7 @@ from sera_jax.training.checkpoint import (
     key_from_json,
     key_to_json,
 )
+from sera_jax.training.intact import drop, restore_newest_intact
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.stats import tree_metrics
 from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches, step_shapes
@@ -146,6 +148,8 @@ class Loop:
     engine_stats: Callable[[], list[dict[str, int]]] | None = None  # the sampling engines' counters (rollout/*)
     engines: Any = None                               # the sampling engines (warm-up; busy fraction)
     warm_micro_batches: Sequence[int] = (1, 2, 3, 4)  # micro-batch counts the warm-up compiles the step for
+    checkpoint_fallback: bool = True                  # a torn newest checkpoint: fall back (False: refuse)
+    log: Callable[[str], None] = dataclasses.field(default=lambda m: print(m, file=sys.stderr, flush=True))
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
 
     _admission: Admission | None = dataclasses.field(default=None, init=False, repr=False)
@@ -302,7 +306,12 @@ class Loop:
         """Restores the newest checkpoint into this loop, if any; returns whether one was found."""
         if self.checkpointer is None or self.checkpointer.latest() is None:
             return False
-        self.state, meta = self.checkpointer.restore(self.state)
+        # The newest intact version: a torn newer one is reported, passed over (unless refused) and deleted, so
+        # this run's save at that version is not skipped as already present (sera_jax.training.intact).
+        _, (self.state, meta), torn = restore_newest_intact(
+            self.checkpointer.manager.all_steps(), lambda v: self.checkpointer.restore(self.state, v),
+            directory=str(self.checkpointer.directory), fallback=self.checkpoint_fallback, log=self.log)
+        drop(self.checkpointer.manager, torn)
         self.version = int(meta["version"])
         self.skipped_steps = int(meta.get("skipped_steps", 0))
         self.stream = TaskStream.from_json(meta["data"])
