@@ -6,3 +6,7 @@ with no traceback (``sera_jax.cli.common.user_errors``); any other exception is 
 
 class UserError(Exception):
     """An error the user can fix; its message is the whole report (it names the file, and the line if any)."""
+
+
+class MissingPath(UserError, FileNotFoundError):
+    """A path the user gave does not exist (still a FileNotFoundError for code that catches those)."""

@@ -76,7 +76,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     initialize_distributed()
     out_dir = Path(out_dir or cfg.train.out_dir)
     # One writer per run directory (training/run_lock.py); process 0 writes the records, so it alone holds it.
-    lock = RunLock(out_dir, Path(sys.argv[0]).name or "sera-train") if jax.process_index() == 0 else None
+    lock = RunLock(out_dir) if jax.process_index() == 0 else None
     if lock is not None:
         lock.acquire()
     try:

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sera_jax.config.errors import MissingPath
 from sera_jax.model import Qwen3Config, abstract_params
 from sera_jax.training.step import TrainState
 
@@ -105,7 +106,7 @@ def checkpoint_dir(path: str | Path) -> Path:
     path = Path(path)
     d = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if not d.is_dir():
-        raise FileNotFoundError(f"no run or checkpoint directory {path}")
+        raise MissingPath(f"no run or checkpoint directory {path}")
     return d
 
 

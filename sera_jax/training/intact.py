@@ -65,7 +65,7 @@ def restore_newest_intact(versions: list[int], read: Callable[[int], T], *, dire
             log(line + f"; falling back to version {rest[0]}")
             torn.append(v)
             continue
-        if torn:
+        if len(torn) > 1:  # with one, its line named the version used
             log(f"using checkpoint version {v}, the newest intact one (passed over: {torn})")
         return v, out, torn
     raise CheckpointUnreadable(f"no checkpoint in {directory}")

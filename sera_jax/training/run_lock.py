@@ -30,6 +30,18 @@ class RunLocked(UserError):
     """Another live process writes this run directory."""
 
 
+def _command_line() -> str:
+    """Returns this process's command line as the lock names it (``sera-train a.b=c --out DIR``), cut to 300
+    characters."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py") and "sera_jax" in argv[0]:
+        argv[0] = "python -m " + ".".join(Path(argv[0]).with_suffix("").parts[-3:])  # python -m sera_jax.cli.train
+    else:
+        argv[0] = Path(argv[0]).name if argv else "?"
+    text = " ".join(argv)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -41,9 +53,9 @@ def _alive(pid: int) -> bool:
 
 
 def describe(holder: dict[str, Any]) -> str:
-    """Returns the holder record as words: ``sera-train (pid 123 on host h, since 2026-…)``."""
-    return (f"{holder.get('command', '?')} (pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, "
-            f"since {holder.get('since', '?')})")
+    """Returns the holder record as words: ``pid 123 on host h since 2026-… (sera-train …)``."""
+    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('since', '?')} "
+            f"({holder.get('command', '?')})")
 
 
 def _read(fd: int) -> dict[str, Any] | None:
@@ -61,10 +73,11 @@ def _read(fd: int) -> dict[str, Any] | None:
 class RunLock:
     """The writer's lock on one run directory (``acquire`` / ``release``, or as a context manager)."""
 
-    def __init__(self, directory: str | Path, command: str, *, warn: Callable[[str], None] | None = None):
+    def __init__(self, directory: str | Path, command: str | None = None, *,
+                 warn: Callable[[str], None] | None = None):
         self.directory = Path(directory)
         self.path = self.directory / LOCK_FILE
-        self.command = command
+        self.command = command or _command_line()
         self.warn = warn or (lambda m: print(m, file=sys.stderr, flush=True))
         self._fd: int | None = None
         self._created = False
@@ -95,8 +108,8 @@ class RunLock:
                 if not locked and (not same_host or (isinstance(pid, int) and _alive(pid))):
                     raise RunLocked(f"{self.directory} is being written by {describe(previous)} (this filesystem "
                                     f"has no file locks; delete {self.path} if that process is gone)")
-                self.warn(f"{self.command}: took over the stale lock of {describe(previous)} on {self.directory} "
-                          "(that process is gone)")
+                self.warn(f"took over the stale lock of {describe(previous)} on {self.directory} (that process "
+                          "is gone)")
             record = {**me, "command": self.command, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
