@@ -19,7 +19,7 @@ from sera_jax.training.loop import StepOutcome
 from sera_jax.training.resume import finished_version, saved_version
 
 SHOWN = ("groups_accepted", "groups_started", "trainable_datums", "root_success", "delegation_rate",
-         "rubric_ranking_auc", "loss", "grad_norm", "time/rollout_s", "time/train_s")
+         "rubric_ranking_auc", "loss", "grad_norm", "infra_failed_trees", "time/rollout_s", "time/train_s")
 
 
 def step_line(o: StepOutcome) -> str:

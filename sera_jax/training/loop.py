@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from sera_jax.agents import infra
 from sera_jax.agents.efficiency import RunWatch
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.keys import warm_keys
@@ -164,6 +165,11 @@ class Loop:
         return self._admission
 
     def _credit(self, stage: str, trees: list) -> GroupCredit:
+        # Trees an env host failed are not the policy's failures: credited without them; none left, rejected.
+        kept = [t for t in trees if not infra.failed(t)]
+        if not kept:
+            return GroupCredit([], False)
+        trees = kept
         return task_group_credit(stage, trees, self.method, decode=self.decode, env=self.env,
                                  filter_zero_variance=self.filter_zero_variance if stage == "execution" else None)
 
@@ -198,6 +204,9 @@ class Loop:
             metrics["rollout/engine_busy_fraction"] = eff["engine_busy_fraction"]
         metrics.update({f"agents/{k[6:]}": v for k, v in eff.items() if k.startswith("agent_")})
         metrics.update(tree_metrics(trees, env=self.env))
+        if metrics.get("infra_failed_trees"):
+            self.log(f"version {self.version}: {metrics['infra_failed_trees']:.0f} trees failed by infrastructure, "
+                     f"kept out of credit (first: {next(t.misc[infra.INFRA_KEY] for t in trees if infra.failed(t))})")
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
             write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}.jsonl")
