@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sera_jax.cli.common import CONFIG_ERROR, DEFAULT_CONFIG, load_or_report, use_compilation_cache
-from sera_jax.config import split_cli
+from sera_jax.cli import preemption
+from sera_jax.cli.common import (CONFIG_ERROR, DEFAULT_CONFIG, load_or_report, report_user_error,
+                                 use_compilation_cache)
+from sera_jax.config import UserError, split_cli
 
 
 def _ints(text: str) -> list[int]:
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=_ints, default=[353, 354, 355], help="comma-separated (default: 353,354,355)")
     p.add_argument("--out", default="runs/ablate", help="output directory (default: %(default)s)")
     args = p.parse_args(argv)
+    preemption.install()  # SIGTERM takes Ctrl-C's path: the running run saves, exit 143
     if load_or_report(args.args) is None:
         return CONFIG_ERROR
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -38,7 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     use_compilation_cache()
     paths, overrides = split_cli(list(args.args))
-    report = ablate(paths or [str(DEFAULT_CONFIG)], overrides, methods, args.seeds, args.out)
+    try:
+        report = ablate(paths or [str(DEFAULT_CONFIG)], overrides, methods, args.seeds, args.out)
+    except KeyboardInterrupt:
+        # Each run's loop saved on its way out; finished runs are not rerun.
+        print(f"sera-ablate: {preemption.how()}; the same command resumes ({args.out})", file=sys.stderr)
+        return preemption.exit_status()
+    except UserError as e:
+        return report_user_error("sera-ablate", e)
     print(open(f"{args.out}/report.md").read())
     runs = sum(len(v) for v in report["runs"].values())
     print(f"RESULT methods={len(methods)} seeds={len(args.seeds)} runs={runs} out={args.out}")

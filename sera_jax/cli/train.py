@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"dry_run": "ok", "stages": [o.stage for o in outcomes],
                           "updated": [not o.skipped for o in outcomes]}))
         return 0
-    bar = tqdm(total=cfg.train.total_steps, desc="policy versions", unit="step", dynamic_ncols=True)
+    # Drawn from the first outcome on (delay): a run stopped before it (a locked directory, a missing path) prints
+    # only its one line.
+    bar = tqdm(total=cfg.train.total_steps, desc="policy versions", unit="step", dynamic_ncols=True, delay=0.5)
 
     def progress(o: StepOutcome) -> None:
         if bar.n == 0 and o.version > 0 and not o.skipped:

@@ -26,7 +26,7 @@ from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_jud
 from sera_jax.assembly.settings import runtime_settings, stage_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
-from sera_jax.config import RunConfig, check_mesh
+from sera_jax.config import MissingPath, RunConfig, UserError, check_mesh
 from sera_jax.model import init_params, load_pretrained
 from sera_jax.parallel.mesh import initialize_distributed, make_mesh
 from sera_jax.rl.optim import make_optimizer
@@ -53,7 +53,7 @@ def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
     start), cast to ``model_cfg``'s parameter dtype. Raises ValueError when its architecture differs."""
     ck_dir = Path(run_dir) / "checkpoints"
     if not ck_dir.is_dir():
-        raise FileNotFoundError(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
+        raise MissingPath(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
     ck = Checkpointer(ck_dir)
     try:
         saved_cfg, params, _ = ck.restore_model()
@@ -64,7 +64,7 @@ def initial_params_from_run(run_dir: str | Path, model_cfg) -> Any:
     diff = [f"{f}: {getattr(saved_cfg, f)} vs {getattr(model_cfg, f)}" for f in fields
             if getattr(saved_cfg, f) != getattr(model_cfg, f)]
     if diff:
-        raise ValueError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
+        raise UserError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
     dtype = jax.numpy.dtype(model_cfg.param_dtype)
     return jax.tree.map(lambda x: x.astype(dtype), params)
 
@@ -95,7 +95,7 @@ async def _build_loop(cfg: RunConfig, out_dir: Path) -> AsyncIterator[Loop]:
     model_cfg = cfg.model_config()
     tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)
     if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
+        raise UserError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
                          f"vocab_size {model_cfg.vocab_size}")
     key = jax.random.key(cfg.train.seed)
     if cfg.model.init_from is not None:

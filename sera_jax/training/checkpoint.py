@@ -149,7 +149,7 @@ class Checkpointer:
         """
         version = self.latest() if version is None else version
         if version is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingPath(f"no checkpoint in {self.directory}")
         as_struct = lambda t: jax.tree.map(ocp.utils.to_shape_dtype_struct, t)  # noqa: E731
         out = self.manager.restore(version, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(as_struct(like.params)),
@@ -161,14 +161,14 @@ class Checkpointer:
         """Returns the JSON metadata of ``version`` (default latest) without reading any array."""
         version = self.latest() if version is None else version
         if version is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingPath(f"no checkpoint in {self.directory}")
         return dict(self.manager.restore(version, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
 
     def restore_params(self, like_params, version: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Returns (params, meta) at ``version`` (default latest) without reading the optimizer state."""
         version = self.latest() if version is None else version
         if version is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingPath(f"no checkpoint in {self.directory}")
         out = self.manager.restore(version, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, like_params)),
             meta=ocp.args.JsonRestore()))

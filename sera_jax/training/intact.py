@@ -52,8 +52,8 @@ def restore_newest_intact(versions: list[int], read: Callable[[int], T], *, dire
     for i, v in enumerate(order):
         try:
             out = read(v)
-        except (KeyboardInterrupt, SystemExit, MemoryError):
-            raise
+        except (KeyboardInterrupt, SystemExit, MemoryError, UserError):
+            raise  # a user's mistake (another architecture) is not a torn file
         except Exception as e:  # noqa: BLE001 - orbax/TensorStore raise plain Exception, ValueError, OSError
             line = f"checkpoint version {v} is unreadable: {_reason(e, f'{directory}/{v}')}"
             rest = order[i + 1:]
@@ -76,3 +76,21 @@ def drop(manager: Any, versions: list[int]) -> None:
     None."""
     for v in versions:
         manager.delete(v)
+
+
+ARCHITECTURE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim", "tie_word_embeddings")
+
+
+def restore_same_architecture(checkpointer: Any, version: int, like: Any, model_config: dict | None) -> Any:
+    """Returns ``checkpointer.restore(like, version)`` after checking that the version's recorded model config has
+    ``model_config``'s architecture (skipped when either is unknown). Raises ``UserError`` naming the differing
+    fields: a run directory of another architecture is the user's mistake, not a torn checkpoint."""
+    saved = checkpointer.read_meta(version).get("model_config")
+    if saved and model_config:
+        diff = [f"{f}: {saved.get(f)} vs {model_config.get(f)}" for f in ARCHITECTURE
+                if f in saved and f in model_config and saved[f] != model_config[f]]
+        if diff:
+            raise UserError(f"{checkpointer.directory} version {version} holds another architecture than this "
+                            f"run's model ({'; '.join(diff)}); give another --out or the matching model")
+    return checkpointer.restore(like, version)

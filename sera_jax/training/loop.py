@@ -64,7 +64,7 @@ from sera_jax.training.checkpoint import (
     key_from_json,
     key_to_json,
 )
-from sera_jax.training.intact import drop, restore_newest_intact
+from sera_jax.training.intact import drop, restore_newest_intact, restore_same_architecture
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.stats import tree_metrics
 from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, stack_micro_batches, step_shapes
@@ -318,7 +318,8 @@ class Loop:
         # The newest intact version: a torn newer one is reported, passed over (unless refused) and deleted, so
         # this run's save at that version is not skipped as already present (sera_jax.training.intact).
         _, (self.state, meta), torn = restore_newest_intact(
-            self.checkpointer.manager.all_steps(), lambda v: self.checkpointer.restore(self.state, v),
+            self.checkpointer.manager.all_steps(),
+            lambda v: restore_same_architecture(self.checkpointer, v, self.state, self.meta.get("model_config")),
             directory=str(self.checkpointer.directory), fallback=self.checkpoint_fallback, log=self.log)
         drop(self.checkpointer.manager, torn)
         self.version = int(meta["version"])

@@ -160,3 +160,24 @@ def test_a_torn_newest_checkpoint_is_reported_in_one_line_and_passed_over(tmp_pa
         restore_newest_intact(ck.manager.all_steps(), lambda v: ck.restore(state, v), directory=str(ck.directory),
                               fallback=False)
     ck.close()
+
+
+def test_a_run_dir_of_another_architecture_is_a_users_mistake_not_a_torn_checkpoint(tmp_path):
+    import dataclasses
+
+    from sera_jax.training.intact import restore_same_architecture
+    from sera_jax.training.step import init_train_state
+
+    state = init_train_state(init_params(jax.random.key(0), CFG), make_optimizer(OptimConfig(lr=1e-3)))
+    ck = Checkpointer(tmp_path / "checkpoints", every=1, keep=3)
+    for v in (1, 2):
+        ck.save(v, state, {"model_config": dataclasses.asdict(CFG)})
+    ck.wait()
+    ours = dataclasses.asdict(CFG)
+    restored, meta = restore_same_architecture(ck, 2, state, ours)
+    assert meta["version"] == 2
+    other = {**ours, "hidden_size": 128}
+    with pytest.raises(UserError, match="version 2 holds another architecture.*hidden_size: 64 vs 128"):
+        restore_newest_intact(ck.manager.all_steps(), lambda v: restore_same_architecture(ck, v, state, other),
+                              directory=str(ck.directory), log=pytest.fail)  # not reported as torn
+    ck.close()
