@@ -205,8 +205,9 @@ class Loop:
         metrics.update({f"agents/{k[6:]}": v for k, v in eff.items() if k.startswith("agent_")})
         metrics.update(tree_metrics(trees, env=self.env))
         if metrics.get("infra_failed_trees"):
+            first = next(t.misc[infra.INFRA_KEY] for t in trees if infra.failed(t)).split("; ")[0][:160]
             self.log(f"version {self.version}: {metrics['infra_failed_trees']:.0f} trees failed by infrastructure, "
-                     f"kept out of credit (first: {next(t.misc[infra.INFRA_KEY] for t in trees if infra.failed(t))})")
+                     f"kept out of credit (first: {first})")
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
             write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}.jsonl")

@@ -29,16 +29,16 @@ class Proc:
     def __init__(self, cmd, env):
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                   start_new_session=True)  # its own process group, as a terminal job has
-        self.out, self.err = [], []
+        self.out, self.err, self.lines = [], [], []  # self.lines: both streams, in arrival order
         self._threads = [threading.Thread(target=self._pump, args=(s, d), daemon=True)
                          for s, d in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
         for t in self._threads:
             t.start()
 
-    @staticmethod
-    def _pump(stream, dest):
+    def _pump(self, stream, dest):
         for line in stream:
             dest.append(line)
+            self.lines.append(line)
 
     def wait_for(self, test, timeout: float) -> str:
         """Returns the first stdout/stderr line passing ``test``; fails after ``timeout`` s or when the process
@@ -46,14 +46,14 @@ class Proc:
         deadline = time.monotonic() + timeout
         seen = 0
         while time.monotonic() < deadline:
-            lines = self.out + self.err
-            for line in lines[seen:]:
+            n = len(self.lines)
+            for line in self.lines[seen:n]:
                 if test(line):
                     return line
-            seen = len(lines)
-            if self.p.poll() is not None and len(self.out + self.err) == seen:
+            seen = n
+            if self.p.poll() is not None:
                 time.sleep(0.3)  # let the pumps drain
-                if len(self.out + self.err) == seen:
+                if len(self.lines) == seen:
                     pytest.fail(f"exited {self.p.returncode} first:\n{self.stderr()[-3000:]}")
             time.sleep(0.2)
         pytest.fail(f"no such line within {timeout} s:\n{self.stderr()[-3000:]}")
