@@ -37,6 +37,11 @@ def install() -> None:
     """Makes SIGTERM behave as Ctrl-C for the rest of the process (main thread only); returns None."""
     global _terminated
     _terminated = False
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # A job started in the background by a script inherits SIGINT ignored. asyncio installs its cancelling
+        # handler only over Python's default one, and SIGTERM relies on it: without it the KeyboardInterrupt
+        # would be raised inside the event loop, whose tasks are then cancelled without the loop's save.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 

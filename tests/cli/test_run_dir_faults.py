@@ -179,3 +179,24 @@ def test_ctrl_c_from_a_terminal_before_the_first_version(tmp_path, env, warm_sta
     assert rc == 130, err[-3000:]
     assert "sera-train: interrupted; " in err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "terminate called" not in err
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_background_warm_start_build(tmp_path, env):
+    """``sera-warmstart`` building a warm start (a recipe other than the shipped one), started the way a script
+    starts a background job (SIGINT ignored): SIGTERM ends it with 143 and one line, and the folder it created and
+    had not written to yet is gone."""
+    out = tmp_path / "ws"
+    p = subprocess.Popen([sys.executable, "-m", "sera_jax.cli.warmstart", "warmstart.steps=37", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 300
+    while not (out / "run.lock").is_file() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the lock is taken once the command has set up its signal handling
+    assert p.poll() is None, p.stderr.read()[-2000:]
+    time.sleep(2)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=180)
+    assert p.returncode == 143, err[-3000:]
+    assert "sera-warmstart: terminated (SIGTERM); the same command starts the warm start again" in err
+    assert "Traceback" not in err and not out.exists()
