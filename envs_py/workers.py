@@ -345,4 +345,10 @@ class WorkerPool:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group. The parent owns its workers and stops them on its way
+    # out (close: SIGTERM), after its own save: a worker ignores SIGINT instead of dying mid-request with a
+    # KeyboardInterrupt traceback. A parent that dies outright closes the socket, which ends the worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     asyncio.run(_serve(int(sys.argv[1]), json.loads(sys.argv[2])))

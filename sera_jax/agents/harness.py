@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from sera_jax.agents import infra
 from sera_jax.agents.keys import turn_key
 from sera_jax.agents.phases import (  # Trace re-exported: callers import it from here
     Trace,
@@ -235,6 +236,7 @@ async def run_episode(ep: Episode) -> Node:
             node.error_message = (f"Error in episode loop at step {len(node.turns)}: {type(e).__name__}: {e}\n"
                                   + "".join(traceback.format_exception(e)))
             node.rollout_error_zero_reward = True
+            infra.mark_node(node, e)  # a dead env worker is not the policy's failure (agents/infra.py)
         if gate is not None:  # the final observation is read in this agent's slot of the next tick
             await gate.begin(node.id, ticks)
             gate.observe_done(node.id)
@@ -244,6 +246,7 @@ async def run_episode(ep: Episode) -> Node:
         except Exception as e:  # noqa: BLE001  (labels unavailable, e.g. the env worker died)
             node.misc["label_error"] = f"{type(e).__name__}: {e}"
             node.rollout_error_zero_reward = True
+            infra.mark_node(node, e)
             node.env_labels.setdefault("success", 0.0)
             node.reward = 0.0
     finally:

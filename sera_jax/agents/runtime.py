@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 
 from envs_py.workers import WorkerPool
+from sera_jax.agents import infra
 from sera_jax.agents.envs import (
     RUNTIME_FACTORIES,
     LocalTextWorldEnv,
@@ -140,6 +141,8 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
             tree.misc["final_digest_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001  (the world could not even be created: a failed, recorded tree)
         tree.misc["error"] = f"{type(e).__name__}: {e}"
+        if env is None or infra.reason(e):  # no world, or its host failed: not the policy's doing
+            infra.mark_tree(tree, ("world not created: " if env is None else "") + tree.misc["error"])
         if ROOT_ID not in tree.nodes:
             run.new_node(ROOT_ID, str(getattr(task, "goal", "")), depth=0, parent_id=None, fork_step=None,
                          max_steps=settings.max_steps)
@@ -152,6 +155,7 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
                 await env.close()
             except Exception:  # noqa: BLE001  (freeing a failed tree's world may fail too; nothing to keep)
                 pass
+    infra.mark_tree(tree)  # a node failed by its env host marks the tree (kept out of credit)
     tree.misc["stats"] = tree_stats(tree)
     return tree
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sera_jax.cli.common import CONFIG_ERROR, DEFAULT_CONFIG, load_or_report, one_process_only, use_compilation_cache
-from sera_jax.config import split_cli
+from sera_jax.cli import preemption
+from sera_jax.cli.common import (CONFIG_ERROR, DEFAULT_CONFIG, load_or_report, one_process_only, report_user_error,
+                                 use_compilation_cache)
+from sera_jax.config import UserError, split_cli
 
 
 def _ints(text: str) -> list[int]:
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not one_process_only("sera-ablate", "its runs and evaluations are sequential one-process jobs"):
         return CONFIG_ERROR
+    preemption.install()  # SIGTERM takes Ctrl-C's path: the running run saves, exit 143
     if load_or_report(args.args) is None:
         return CONFIG_ERROR
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -40,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     use_compilation_cache()
     paths, overrides = split_cli(list(args.args))
-    report = ablate(paths or [str(DEFAULT_CONFIG)], overrides, methods, args.seeds, args.out)
+    try:
+        report = ablate(paths or [str(DEFAULT_CONFIG)], overrides, methods, args.seeds, args.out)
+    except KeyboardInterrupt:
+        # Each run's loop saved on its way out; finished runs are not rerun.
+        print(f"sera-ablate: {preemption.how()}; the same command resumes ({args.out})", file=sys.stderr)
+        return preemption.exit_status()
+    except UserError as e:
+        return report_user_error("sera-ablate", e)
     print(open(f"{args.out}/report.md").read())
     runs = sum(len(v) for v in report["runs"].values())
     print(f"RESULT methods={len(methods)} seeds={len(args.seeds)} runs={runs} out={args.out}")

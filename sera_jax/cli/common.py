@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from sera_jax.config import ConfigError, RunConfig, load_config, split_cli
+from sera_jax.config import ConfigError, RunConfig, UserError, load_config, split_cli
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 CONFIG_ERROR = 2  # the exit status of a command whose config does not load
+USER_ERROR = 2  # the exit status of a command stopped by a user's mistake (UserError)
+
+
+def report_user_error(prog: str, e: UserError) -> int:
+    """Prints ``prog: error: …`` (the error's one-line message) to stderr; returns the exit status, 2."""
+    print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+    return USER_ERROR
+
+
+def missing_path(path: str | Path, what: str) -> UserError | None:
+    """Returns a ``UserError`` when ``path`` does not exist (``no WHAT at PATH``), else None."""
+    return None if Path(path).exists() else UserError(f"no {what} at {path}")
+
+
+@contextlib.contextmanager
+def no_empty_folder(path: str | Path) -> Iterator[None]:
+    """Runs the block; a folder ``path`` that the block created and left without any file (a command stopped by an
+    error before its first output) is removed on the way out."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        yield
+    finally:
+        if not existed and path.is_dir() and not any(files for _, _, files in os.walk(path)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def load_or_report(args: Sequence[str], *, check_paths: bool = True) -> RunConfig | None:

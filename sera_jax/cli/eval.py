@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from sera_jax.agents.efficiency import efficiency_line
-from sera_jax.cli.common import CONFIG_ERROR, end_processes, load_or_report, start_processes, use_compilation_cache
+from sera_jax.cli.common import (CONFIG_ERROR, end_processes, load_or_report, missing_path, no_empty_folder,
+                                 report_user_error, start_processes, use_compilation_cache)
+from sera_jax.config import UserError
 from sera_jax.evaluation.protocol import evaluate
 
 
@@ -29,20 +31,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=None, help="evaluate N tasks, round-robin over difficulties")
     p.add_argument("--runs", type=int, default=None, help="number of runs (default: eval.num_runs)")
     p.add_argument("--out", default=None, help="output directory (default: <train.out_dir>/eval)")
+    p.add_argument("--no-fallback", action="store_true", help=(
+        "refuse when the newest checkpoint cannot be read (default: report it and evaluate the newest intact one)"))
     args = p.parse_args(argv)
     if not start_processes("sera-eval"):  # a multi-host job splits the task set over its processes
         return CONFIG_ERROR
     # The policy given on the command line replaces the config's model: its model.hf_dir need not exist.
-    cfg = load_or_report(args.args, check_paths=args.checkpoint is None and args.hf is None)
+    cfg = load_or_report(args.args + (["train.checkpoint_fallback=false"] if args.no_fallback else []),
+                         check_paths=args.checkpoint is None and args.hf is None)
     if cfg is None:
         return CONFIG_ERROR
     use_compilation_cache()
     if (args.tasks is not None and args.tasks <= 0) or (args.runs is not None and args.runs <= 0):
-        print("--tasks and --runs must be positive", file=sys.stderr)
-        return 2
+        return report_user_error("sera-eval", UserError("--tasks and --runs must be positive"))
     if args.version is not None and args.checkpoint is None:
-        print("--version needs --checkpoint", file=sys.stderr)
-        return 2
+        return report_user_error("sera-eval", UserError("--version needs --checkpoint"))
+    for path, what in ((args.checkpoint, "run or checkpoint directory"), (args.hf, "Hugging Face directory")):
+        if path is not None and missing_path(path, what):
+            return report_user_error("sera-eval", missing_path(path, what))
     out = args.out or str(Path(cfg.train.out_dir) / "eval")
 
     import jax
@@ -53,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         if speak:
             print(json.dumps({"run": r, **{k: round(v["rate"], 4) for k, v in table.items()}}), flush=True)
 
-    rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf,
-                               num_tasks=args.tasks if args.tasks is not None else cfg.eval.num_tasks,
-                               num_runs=args.runs, on_run=show, version=args.version, progress=speak))
+    try:
+        with no_empty_folder(out):
+            rep = asyncio.run(evaluate(cfg, out_dir=out, checkpoint=args.checkpoint, hf_dir=args.hf,
+                                       num_tasks=args.tasks if args.tasks is not None else cfg.eval.num_tasks,
+                                       num_runs=args.runs, on_run=show, version=args.version, progress=speak))
+    except UserError as e:
+        return report_user_error("sera-eval", e)
     end_processes()
     if not speak:
         return 0

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from sera_jax.cli.common import missing_path, no_empty_folder, report_user_error
+from sera_jax.config import UserError
 from sera_jax.interop.export import export_checkpoint, import_pretrained
 
 
@@ -21,12 +23,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer file or directory to copy (default: the run's)")
     p.add_argument("--import", dest="do_import", action="store_true", help="HF directory → run checkpoint")
     args = p.parse_args(argv)
-    if args.do_import:
-        path = import_pretrained(args.src, args.dst)
-        print(json.dumps({"checkpoint": str(path), "version": 0}))
-    else:
-        print(json.dumps(export_checkpoint(args.src, args.dst, version=args.version, dtype=args.dtype,
-                                           tokenizer=args.tokenizer), indent=1))
+    missing = missing_path(args.src, "Hugging Face directory" if args.do_import else "run or checkpoint directory")
+    if missing is None and args.tokenizer is not None:
+        missing = missing_path(args.tokenizer, "tokenizer")
+    if missing is not None:
+        return report_user_error("sera-export", missing)
+    try:
+        with no_empty_folder(args.dst):
+            if args.do_import:
+                path = import_pretrained(args.src, args.dst)
+                print(json.dumps({"checkpoint": str(path), "version": 0}))
+            else:
+                print(json.dumps(export_checkpoint(args.src, args.dst, version=args.version, dtype=args.dtype,
+                                                   tokenizer=args.tokenizer), indent=1))
+    except UserError as e:
+        return report_user_error("sera-export", e)
     return 0
 
 

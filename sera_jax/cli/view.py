@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from sera_jax.agents.records import TreeIndex, read_jsonl
+from sera_jax.cli.common import report_user_error
+from sera_jax.config import UserError
 from sera_jax.rl.baselines import loo_advantages
 from sera_jax.rl.rewards import env_success
 from sera_jax.viewer import render_html
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--title", default=None, help="page title (default: the input file names)")
     p.add_argument("--no-advantages", action="store_true", help="do not compute root leave-one-out advantages")
     args = p.parse_args(argv)
+    for path in args.trees:
+        if not Path(path).is_file():
+            return report_user_error("sera-view", UserError(f"no tree file at {path}"))
     trees = [t for path in args.trees for t in read_jsonl(path)]
     adv = None if args.no_advantages else _root_advantages(trees)
     page = render_html(trees, title=args.title or "SERA trees: " + ", ".join(Path(x).name for x in args.trees),

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sera_jax.cli.common import CONFIG_ERROR, load_or_report, one_process_only
+from sera_jax.cli import preemption
+from sera_jax.cli.common import CONFIG_ERROR, load_or_report, one_process_only, report_user_error
+from sera_jax.config import UserError
+from sera_jax.training.run_lock import RunLock
 from sera_jax.warmstart.sft import ship, warm_start
 
 
@@ -22,12 +25,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not one_process_only("sera-warmstart", "its supervised warm start is a one-host job"):
         return CONFIG_ERROR
+    preemption.install()  # SIGTERM takes Ctrl-C's path (exit 143)
     cfg = load_or_report(args.args)
     if cfg is None:
         return CONFIG_ERROR
-    out = warm_start(cfg, args.out or cfg.model.init_from or cfg.warmstart.out_dir, use_shipped=not args.ship)
-    if args.ship:
-        print(f"shipped warm start written to {ship(cfg, out)}")
+    target = args.out or cfg.model.init_from or cfg.warmstart.out_dir
+    try:
+        with RunLock(target):  # one writer per directory (training/run_lock.py)
+            out = warm_start(cfg, target, use_shipped=not args.ship)
+            if args.ship:
+                print(f"shipped warm start written to {ship(cfg, out)}")
+    except KeyboardInterrupt:
+        print(f"sera-warmstart: {preemption.how()}; the same command starts the warm start again", file=sys.stderr)
+        return preemption.exit_status()
+    except UserError as e:
+        return report_user_error("sera-warmstart", e)
     return 0
 
 

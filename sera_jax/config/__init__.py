@@ -1,5 +1,6 @@
 """The run configuration: schema (``schema.py``), loading (``load.py``), cross-field validation (``validate.py``)."""
 
+from sera_jax.config.errors import MissingPath, UserError
 from sera_jax.config.load import from_dict, load_config, parse_override, split_cli
 from sera_jax.config.schema import (
                                     BatchSection,
@@ -18,4 +19,4 @@ from sera_jax.config.validate import check_mesh, validate
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
            "TrainSection", "JudgeSection", "EvalSection", "WarmStartSection", "RunConfig", "load_config", "from_dict",
-           "parse_override", "split_cli", "validate", "check_mesh"]
+           "parse_override", "split_cli", "validate", "check_mesh", "UserError", "MissingPath"]

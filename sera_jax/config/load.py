@@ -119,7 +119,13 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"base: include cycle through {path}")
     if not path.is_file():
         raise ConfigError(f"base: no config file {path}" if seen else f"config: no file {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:  # its own message names "<unicode string>": name the file and line instead
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ConfigError(f"config: {where}: YAML syntax: {what}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping, got {type(data).__name__}")
     base = data.pop("base", None)

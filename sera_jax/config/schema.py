@@ -158,6 +158,9 @@ class TrainSection:
     # micro-batches are padded to the smallest of them that holds them (beyond: the next power of two).
     warmup_micro_batches: tuple[int, ...] = (1, 2, 3, 4)
     warmup: bool = True
+    # A newest checkpoint that cannot be read (torn): resume from the newest intact one, saying so (false: refuse;
+    # sera-train/sera-eval --no-fallback).
+    checkpoint_fallback: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -55,6 +56,7 @@ from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling import Engine, EngineConfig
 from sera_jax.sampling.engine_config import cpu_shapes
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
+from sera_jax.training.intact import restore_newest_intact
 from sera_jax.warmstart.sft import shipped_dir, shipped_matches
 
 __all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
@@ -85,7 +87,11 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
         ck_dir = checkpoint_dir(checkpoint)
         ck = Checkpointer(ck_dir)
         try:
-            model_cfg, params, meta = ck.restore_model(version)
+            # The newest intact version unless one is asked for: a torn newer one is reported in one line and
+            # passed over (train.checkpoint_fallback=false / --no-fallback refuses; sera_jax.training.intact).
+            model_cfg, params, meta = ck.restore_model(version) if version is not None else restore_newest_intact(
+                ck.manager.all_steps(), ck.restore_model, directory=str(ck.directory),
+                fallback=cfg.train.checkpoint_fallback, log=lambda m: print(m, file=sys.stderr, flush=True))[1]
         finally:
             ck.close()
         tok_path = meta.get("tokenizer_path")

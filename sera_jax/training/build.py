@@ -26,7 +26,7 @@ from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_jud
 from sera_jax.assembly.settings import runtime_settings, stage_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
-from sera_jax.config import RunConfig, check_mesh
+from sera_jax.config import MissingPath, RunConfig, UserError, check_mesh
 from sera_jax.model import init_params, load_pretrained
 from sera_jax.parallel.hosts import Exchange, PeerWatch, deal_ranks, start_distributed
 from sera_jax.parallel.mesh import make_mesh
@@ -35,6 +35,8 @@ from sera_jax.sampling.replicas import EngineReplicas, local_copy
 from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
 from sera_jax.training.loop import Loop, NoTrainableData, StepOutcome, StopRequested
 from sera_jax.training.metrics import MetricsWriter
+from sera_jax.training.resume import cut_back, describe_start, finished, summary_line
+from sera_jax.training.run_lock import RunLock
 from sera_jax.training.step import make_train_step, shard_train_state
 from sera_jax.training.task_stream import TaskStream
 
@@ -50,10 +52,10 @@ def task_stream(cfg: RunConfig, num_tasks: int) -> TaskStream:
 def initial_params_from_run(run_dir: str | Path, model_cfg, mesh=None) -> Any:
     """Returns the newest checkpoint's parameters of the run at ``run_dir`` (``model.init_from``, e.g. the warm
     start), cast to ``model_cfg``'s parameter dtype, restored straight into the trainer's layout on ``mesh`` (any
-    process count may have written it). Raises ValueError when its architecture differs."""
+    process count may have written it). Raises UserError when its architecture differs."""
     ck_dir = Path(run_dir) / "checkpoints"
     if not ck_dir.is_dir():
-        raise FileNotFoundError(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
+        raise MissingPath(f"model.init_from: no checkpoints in {run_dir} (expected {ck_dir})")
     ck = Checkpointer(ck_dir)
     try:
         saved = ck.read_meta().get("model_config", {})
@@ -62,7 +64,7 @@ def initial_params_from_run(run_dir: str | Path, model_cfg, mesh=None) -> Any:
         diff = [f"{f}: {saved.get(f)} vs {getattr(model_cfg, f)}" for f in fields
                 if saved.get(f) != getattr(model_cfg, f)]
         if diff:
-            raise ValueError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
+            raise UserError(f"model.init_from: {run_dir} holds another architecture ({'; '.join(diff)})")
         _, params, _ = ck.restore_model(mesh=mesh)
     finally:
         ck.close()
@@ -78,13 +80,37 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     multi = jax.process_count() > 1
     exchange = Exchange("train") if multi else None
     out_dir = Path(out_dir or cfg.train.out_dir)
+    # One writer per run directory (training/run_lock.py); process 0 writes the records, so it alone holds it, and
+    # every process of a job hears whether it got it (none goes on into the collectives alone).
+    lock = RunLock(out_dir) if jax.process_index() == 0 else None
+    refused = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except UserError as e:
+            refused = str(e)
+    if multi:
+        refused = exchange.allgather(refused, "lock")[0]
+    if refused is not None:
+        raise UserError(refused)
+    try:
+        async with _build_loop(cfg, out_dir, exchange) as loop:
+            yield loop
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+@contextlib.asynccontextmanager
+async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) -> AsyncIterator[Loop]:
+    multi = exchange is not None
     out_dir.mkdir(parents=True, exist_ok=True)
     check_mesh(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
     model_cfg = cfg.model_config()
     tokenizer, tok_path = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)
     if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
+        raise UserError(f"model.tokenizer: {tok_path} has {tokenizer.vocab_size} tokens, more than the model's "
                          f"vocab_size {model_cfg.vocab_size}")
     key = jax.random.key(cfg.train.seed)
     if cfg.model.init_from is not None:
@@ -150,7 +176,6 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
 
     checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
                                 keep=cfg.train.keep_checkpoints)
-    metrics = MetricsWriter(out_dir)
     data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
     loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
                 method=method, stream=task_stream(cfg, len(tasks)), env=env,
@@ -162,8 +187,9 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
                 speculative=cfg.rollout.speculative_groups_per_rank, token_budget=cfg.batch.token_budget,
                 buckets=cfg.batch.buckets, deterministic=cfg.train.deterministic_scheduling,
                 filter_zero_variance=cfg.execution_filter_zero_variance(), key=key, checkpointer=checkpointer,
-                metrics=metrics, meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path,
-                                                data_files=data_files), trees_dir=out_dir / "trees",
+                metrics=None, checkpoint_fallback=cfg.train.checkpoint_fallback,
+                meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path, data_files=data_files),
+                trees_dir=out_dir / "trees",
                 engine_stats=engine.stats, engines=engine,
                 warm_micro_batches=tuple(cfg.train.warmup_micro_batches), exchange=exchange,
                 trees_suffix=f".p{jax.process_index()}" if multi else "")
@@ -171,19 +197,30 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     loop.tokenizer = tokenizer  # for callers that render trees or evaluate
     loop.engine = engine  # EngineReplicas: the policy's sampling engines
     loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
-    if cfg.train.warmup:
-        if judge_engine is not None:
-            judge_engine.warmup()
-        loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
-    loop.restore_latest()
     watch = PeerWatch(prog="sera-train").start() if multi else None
-    if multi:
-        ranks = deal_ranks(cfg.rollout.tasks_per_step)
-        print(f"process {jax.process_index()} of {jax.process_count()}: admission ranks {ranks}, "
-              f"{len(local)} local devices, from version {loop.version}", file=sys.stderr, flush=True)
-    stop_signals = _stop_on_signals(loop) if multi else []
+    stop_signals: list[int] = []
     agreed = True  # every process leaves together (not after this process's own error: its peers are elsewhere)
     try:
+        # A finished run compiles nothing: its rerun only says so (and no warm-up thread outlives it).
+        if cfg.train.warmup and not finished(checkpointer, cfg.train.total_steps):
+            if judge_engine is not None:
+                judge_engine.warmup()
+            loop.warmup(log=lambda m: print(m, file=sys.stderr, flush=True))
+        start = describe_start(cfg, loop.restore_latest(), loop.version)
+        if jax.process_index() == 0:
+            # Records of attempts the restored checkpoint does not hold are cut back before any is written again.
+            cut = cut_back(out_dir, loop.version, loop.skipped_steps)
+            loop.metrics = MetricsWriter(out_dir)
+            if cut["tensorboard_reset"]:
+                loop.metrics.replay(cut["records"])
+            print("; ".join(x for x in (start, summary_line(cut)) if x), file=sys.stderr, flush=True)
+        else:
+            loop.metrics = MetricsWriter(out_dir)
+        if multi:
+            ranks = deal_ranks(cfg.rollout.tasks_per_step)
+            print(f"process {jax.process_index()} of {jax.process_count()}: admission ranks {ranks}, "
+                  f"{len(local)} local devices, from version {loop.version}", file=sys.stderr, flush=True)
+            stop_signals = _stop_on_signals(loop)
         yield loop
     except (StopRequested, NoTrainableData):
         raise
@@ -193,13 +230,15 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
     finally:
         for sig in stop_signals:
             asyncio.get_running_loop().remove_signal_handler(sig)
+        step_fn.stop_warm()  # a compile thread alive at interpreter exit aborts it
         engine.close()
         if judge_engine is not None:
             judge_engine.close()
         if pool is not None:
             await pool.close()
         checkpointer.close()
-        metrics.close()
+        if loop.metrics is not None:
+            loop.metrics.close()
         if multi and agreed:
             # The command shuts the runtime down at its end (parallel.hosts.finish_distributed): an evaluation may
             # follow. Here every process only leaves the loop together.

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sera_jax.config.errors import MissingPath
 from sera_jax.model import Qwen3Config, abstract_params, param_shardings
 from sera_jax.training.step import TrainState
 
@@ -105,7 +106,7 @@ def checkpoint_dir(path: str | Path) -> Path:
     path = Path(path)
     d = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     if not d.is_dir():
-        raise FileNotFoundError(f"no run or checkpoint directory {path}")
+        raise MissingPath(f"no run or checkpoint directory {path}")
     return d
 
 
@@ -148,7 +149,7 @@ class Checkpointer:
         """
         version = self.latest() if version is None else version
         if version is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingPath(f"no checkpoint in {self.directory}")
         as_struct = lambda t: jax.tree.map(ocp.utils.to_shape_dtype_struct, t)  # noqa: E731
         out = self.manager.restore(version, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(as_struct(like.params)),
@@ -160,7 +161,7 @@ class Checkpointer:
         """Returns the JSON metadata of ``version`` (default latest) without reading any array."""
         version = self.latest() if version is None else version
         if version is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingPath(f"no checkpoint in {self.directory}")
         return dict(self.manager.restore(version, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
 
     def restore_params(self, like_params, version: int | None = None) -> tuple[Any, dict[str, Any]]:
@@ -171,7 +172,7 @@ class Checkpointer:
         count names devices this process may not have."""
         version = self.latest() if version is None else version
         if version is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise MissingPath(f"no checkpoint in {self.directory}")
         here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
         def target(x):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -40,6 +41,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from sera_jax.agents import infra
 from sera_jax.agents.efficiency import RunWatch
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.keys import warm_keys
@@ -60,6 +62,7 @@ from sera_jax.training.checkpoint import (
     key_from_json,
     key_to_json,
 )
+from sera_jax.training.intact import drop, restore_newest_intact, restore_same_architecture
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.shared_step import SharedStep, local_figures
 from sera_jax.training.step_batch import build_batch, build_shared_batch
@@ -128,6 +131,8 @@ class Loop:
     warm_micro_batches: Sequence[int] = (1, 2, 3, 4)  # micro-batch counts the warm-up compiles the step for
     exchange: Any = None                              # parallel.hosts.Exchange of a multi-host job (None: one)
     trees_suffix: str = ""                            # tree files' name suffix (".p<i>" per process of a job)
+    checkpoint_fallback: bool = True                  # a torn newest checkpoint: fall back (False: refuse)
+    log: Callable[[str], None] = dataclasses.field(default=lambda m: print(m, file=sys.stderr, flush=True))
     _stop_signal: int = dataclasses.field(default=0, init=False, repr=False)
     _stop_event: Any = dataclasses.field(default=None, init=False, repr=False)
     _t_start: float = dataclasses.field(default=0.0, init=False, repr=False)  # the current attempt's start
@@ -144,6 +149,11 @@ class Loop:
         return self._admission
 
     def _credit(self, stage: str, trees: list) -> GroupCredit:
+        # Trees an env host failed are not the policy's failures: credited without them; none left, rejected.
+        kept = [t for t in trees if not infra.failed(t)]
+        if not kept:
+            return GroupCredit([], False)
+        trees = kept
         return task_group_credit(stage, trees, self.method, decode=self.decode, env=self.env,
                                  filter_zero_variance=self.filter_zero_variance if stage == "execution" else None)
 
@@ -193,6 +203,11 @@ class Loop:
         if "engine_busy_fraction" in eff:
             metrics["rollout/engine_busy_fraction"] = eff["engine_busy_fraction"]
         metrics.update({f"agents/{k[6:]}": v for k, v in eff.items() if k.startswith("agent_")})
+        local_trees = tree_metrics(trees, env=self.env)
+        if local_trees.get("infra_failed_trees"):  # this process's trees (a multi-host record counts all)
+            first = next(t.misc[infra.INFRA_KEY] for t in trees if infra.failed(t)).split("; ")[0][:160]
+            self.log(f"version {self.version}: {local_trees['infra_failed_trees']:.0f} trees failed by "
+                     f"infrastructure, kept out of credit (first: {first})")
         if self.trees_dir is not None:
             Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
             write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}"
@@ -214,7 +229,7 @@ class Loop:
             metrics = {"stage": pos.stage, **shared.metrics(env=self.env, sign=self.method.rubric_advantage_sign,
                                                             rubric_step_scope=step_scope)}
         else:
-            metrics.update(tree_metrics(trees, env=self.env))
+            metrics.update(local_trees)
             metrics.update(_reward_stats(groups))
             metrics.update(token_staleness(groups, self.version))
         n_groups = shared.groups if shared is not None else len(groups)
@@ -364,7 +379,13 @@ class Loop:
         """Restores the newest checkpoint into this loop, if any; returns whether one was found."""
         if self.checkpointer is None or self.checkpointer.latest() is None:
             return False
-        self.state, meta = self.checkpointer.restore(self.state)
+        # The newest intact version: a torn newer one is reported, passed over (unless refused) and deleted, so
+        # this run's save at that version is not skipped as already present (sera_jax.training.intact).
+        _, (self.state, meta), torn = restore_newest_intact(
+            self.checkpointer.manager.all_steps(),
+            lambda v: restore_same_architecture(self.checkpointer, v, self.state, self.meta.get("model_config")),
+            directory=str(self.checkpointer.directory), fallback=self.checkpoint_fallback, log=self.log)
+        drop(self.checkpointer.manager, torn)
         self.version = int(meta["version"])
         self.skipped_steps = int(meta.get("skipped_steps", 0))
         self.stream = TaskStream.from_json(meta["data"])

@@ -47,11 +47,21 @@ class MetricsWriter:
             record[k] = v if s is None else (s if math.isfinite(s) else str(s))
         if self.enabled:
             self._file.write(json.dumps(record, default=str) + "\n")
-            if self._tb is not None:
-                for k, v in record.items():
-                    if k not in ("version", "kind") and isinstance(v, float):
-                        self._tb.add_scalar(f"{kind}/{k}", v, int(version))
+            self._scalars(record)
         return record
+
+    def _scalars(self, record: Mapping[str, Any]) -> None:
+        if self._tb is not None:
+            for k, v in record.items():
+                if k not in ("version", "kind") and isinstance(v, float):
+                    self._tb.add_scalar(f"{record['kind']}/{k}", v, int(record["version"]))
+
+    def replay(self, records: list[Mapping[str, Any]]) -> None:
+        """Writes already-recorded ``records`` (as ``read_metrics`` returns them) to TensorBoard only: rebuilds the
+        events after a resume cut them (``training/resume.py``); returns None."""
+        if self.enabled:
+            for record in records:
+                self._scalars(record)
 
     def close(self) -> None:
         if self.enabled:

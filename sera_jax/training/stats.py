@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from sera_jax.agents import infra
 from sera_jax.agents.env_name import EnvName
 from sera_jax.agents.records import Tree, TreeIndex
 from sera_jax.agents.subagent_judge import BRANCH_KEY, SPENT_KEY
@@ -112,6 +113,8 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[s
         "root_success": float(np.mean(root_success)), "delegation_rate": float(np.mean(delegated)),
         "nodes_per_tree": float(np.mean(nodes)), "max_depth": float(np.max(depth)),
         "completion_tokens": float(np.sum(tokens)), "agent_errors": float(np.sum(errors)),
+        # trees an env worker's or sandbox host's failure ended (agents/infra.py): recorded, not credited
+        "infra_failed_trees": float(sum(infra.failed(t) for t in trees)),
         **{k: float(v) for k, v in rubric.items()},
         # Supervision: TextCraft labels are programmatic checks; TextWorld's come from the judge.
         "supervision/programmatic_labels": float(labels if env == "textcraft" else 0),

@@ -241,6 +241,7 @@ class CompiledStep:
     batch_sharding: MicroBatch | None = None
     executables: dict = dataclasses.field(default_factory=dict, compare=False)
     _background: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+    _stop: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False, repr=False)
 
     def __call__(self, state: TrainState, batch: MicroBatch) -> tuple[TrainState, dict[str, jax.Array]]:
         self.wait_warm()
@@ -289,11 +290,24 @@ class CompiledStep:
                 raise RuntimeError("the train step's background warm-up failed") from result["error"]
         return time.monotonic() - t0
 
+    def stop_warm(self) -> float:
+        """Stops a background warm-up after the compile in progress (XLA cannot cancel one) and waits for it;
+        returns the seconds waited. Called on every way out of a run: a thread still compiling when the
+        interpreter exits aborts it (``terminate called after throwing…``, exit 134)."""
+        self._stop.set()
+        t0 = time.monotonic()
+        while self._background:
+            thread, _ = self._background.pop(0)
+            thread.join()  # its error, if any, no longer matters: nothing will run the step
+        return time.monotonic() - t0
+
     def warm(self, state: TrainState, shapes: Sequence[tuple[int, int, int]]) -> int:
         """Compiles the step for each [M, B, T] of ``shapes`` not compiled yet (abstract batches: nothing runs);
         returns how many it compiled."""
         new = 0
         for shape in shapes:
+            if self._stop.is_set():
+                break  # the run is ending (stop_warm)
             if tuple(shape) in self.executables:
                 continue
             batch = abstract_micro_batch(shape, self.batch_sharding)
