@@ -168,11 +168,14 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------------- API
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                       key: jax.Array | None = None) -> GenerationResult:
+                       key: jax.Array | None = None, *, on_progress: Any = None) -> GenerationResult:
         """Returns the finished turn for ``prompt_ids``; raises ValueError/TypeError for a bad request.
 
         ``key`` (a ``jax.random`` key) makes the turn reproducible: token i is drawn with ``fold_in(key, i)``,
         whatever else shares the batch. Without one, the engine derives (seed, request counter).
+        ``on_progress(token_ids, logprobs)`` (optional) is called on the caller's event loop after each device round
+        that added tokens to the still-running turn (for streaming): those tokens are final, a stop string never cuts
+        them.
         """
         if self._error is not None:
             raise EngineError("the engine's driver failed") from self._error
@@ -186,7 +189,7 @@ class Engine:
                            capacity_blocks=self.sched.blocks.capacity, has_tokenizer=self.tokenizer is not None,
                            fallback_key=(self.seed, rid & 0xFFFFFFFF))
         loop = asyncio.get_running_loop()
-        req.future, req.loop = loop.create_future(), loop
+        req.future, req.loop, req.on_progress = loop.create_future(), loop, on_progress
         self._submit(("add", req))
         try:
             return await req.future
@@ -231,8 +234,11 @@ class Engine:
                             finished += self._parse(rec)
                         pending = dispatched
                         self._track()
+                        progress = self._progress()
                     for req, result in finished:
                         _resolve(req, result)
+                    for req, toks, lps in progress:
+                        _notify(req, toks, lps)
                     if not dispatched and not pending and not self._inbox.qsize():
                         self._wake.wait(timeout=1.0)
                         self._wake.clear()
@@ -283,6 +289,15 @@ class Engine:
         if kind == "prefill":
             return self.sched.on_prefill_output(batch, a, b, np.asarray(rest[0]))
         return self.sched.on_decode_output(batch, a, b)
+
+    def _progress(self) -> list[tuple]:
+        """Returns (request, tokens, logprobs) of the live streamed turns that grew since they were last told."""
+        out = []
+        for req in self.sched.live():
+            if req.on_progress is not None and not req.finished and len(req.tokens) > req.reported:
+                req.reported = len(req.tokens)
+                out.append((req, tuple(req.tokens), tuple(req.logprobs)))
+        return out
 
     def _track(self) -> None:
         self.peak_referenced_blocks = max(self.peak_referenced_blocks, self.sched.blocks.num_referenced())
@@ -338,6 +353,14 @@ class Engine:
                      version=self.sched.version, compiles=self.compile_count())
             s["device_busy_s"] = self.clock.busy_s()
             return s
+
+
+def _notify(req: Request, toks: tuple, lps: tuple) -> None:
+    """Hands a live turn's tokens so far to its ``on_progress`` on the request's event loop, from the driver."""
+    try:
+        req.loop.call_soon_threadsafe(req.on_progress, toks, lps)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass
 
 
 def _resolve(req: Request, outcome) -> None:
