@@ -25,7 +25,7 @@ FINISH = {"stop_id": "stop", "stop_string": "stop", "length": "length"}
 
 def _params(plan: Plan, tokenizer: Any, cap: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=cap, temperature=plan.temperature, top_p=plan.top_p,
-                          stop_ids=tuple(tokenizer.stop_ids), stop_strings=plan.stop)
+                          stop_ids=() if plan.ignore_eos else tuple(tokenizer.stop_ids), stop_strings=plan.stop)
 
 
 def _calls(plan: Plan) -> list[tuple[int, tuple[int, ...], int]]:

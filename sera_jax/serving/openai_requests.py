@@ -4,7 +4,9 @@
 Supported: ``/v1/chat/completions`` (``messages``, ``max_tokens``/``max_completion_tokens``, ``temperature``,
 ``top_p``, ``stop``, ``n``, ``seed``, ``logprobs``, ``stream``, ``stream_options.include_usage``) and
 ``/v1/completions`` (``prompt`` as text, token ids, or a list of either). ``top_logprobs`` / completions'
-``logprobs`` above 0 are refused: the engine returns the sampled token's logprob only. Unknown fields are ignored,
+``logprobs`` above 0 are refused
+(the engine returns the sampled token's logprob only). ``ignore_eos`` (vLLM's extension) decodes past the end-of-turn
+tokens, to ``max_tokens`` or a stop string: fixed-length load for benchmarks. Unknown fields are ignored,
 as OpenAI-compatible servers do (the judge's ``chat_template_kwargs``, ``reasoning_effort``: our chat template has no
 thinking mode).
 """
@@ -48,6 +50,7 @@ class Plan:
     logprobs: bool
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False
 
     def key_data(self, index: int) -> np.ndarray | None:
         """Returns raw uint32[2] key data for choice ``index`` when a seed was given (a reproducible draw), else
@@ -202,5 +205,8 @@ def make_plan(body: dict, prompts: list[list[int]], limits: Limits, *, chat: boo
                               f"{len(ids) + asked} ({len(ids)} in the prompt, {asked} for the completion)", name,
                               "context_length_exceeded")
         caps.append(min(room, limits.max_tokens) if asked is None else asked)
+    ignore_eos = body.get("ignore_eos") or False
+    if not isinstance(ignore_eos, bool):
+        raise bad_request("ignore_eos must be a boolean", "ignore_eos")
     return Plan(tuple(tuple(p) for p in prompts), n, tuple(caps), temperature, top_p, tuple(stop), seed, logprobs,
-                stream, bool(options.get("include_usage")))
+                stream, bool(options.get("include_usage")), ignore_eos)
