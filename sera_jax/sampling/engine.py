@@ -162,6 +162,11 @@ class Engine:
             return self.sched.version
 
     @property
+    def alive(self) -> bool:
+        """Returns whether the engine takes requests: not closed, and its driver (once started) has not failed."""
+        return self._error is None and not self._closed and (self._thread is None or self._thread.is_alive())
+
+    @property
     def version(self) -> int:
         """The policy version tagging newly admitted turns."""
         return self.sched.version

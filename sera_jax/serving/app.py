@@ -90,13 +90,8 @@ def create_app(engine: Any, tokenizer: Any, model: str, limits: Limits, *, close
                                                           "owned_by": "sera-jax",
                                                           "max_model_len": limits.max_context}]})
 
-    def engine_alive() -> bool:
-        thread = getattr(engine, "_thread", None)
-        return getattr(engine, "_error", None) is None and not getattr(engine, "_closed", False) and (
-            thread is None or thread.is_alive())
-
     async def health(request: Request) -> JSONResponse:
-        if engine_alive():
+        if engine.alive:
             return JSONResponse({"status": "ok", "model": model})
         return APIError(503, "the engine is not running", code="engine_stopped").response()
 
