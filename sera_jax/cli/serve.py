@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is cancelled")
+    p.add_argument("--graceful-timeout", type=float, default=30.0,
+                   help="seconds a shutdown waits for the requests in flight")
     p.add_argument("--warmup", action="store_true", help="compile every engine shape before serving")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                         dtype=args.dtype, max_tokens=args.max_tokens, max_n=args.max_n,
                         max_body_bytes=args.max_body_bytes, deadline_s=args.request_timeout, warmup=args.warmup)
     print(f"sera-serve: {policy.name} from {policy.source}, tokenizer {policy.tokenizer_path}", flush=True)
-    serve(policy, opts, args.host, args.port, log_level=args.log_level,
+    serve(policy, opts, args.host, args.port, log_level=args.log_level, graceful_s=args.graceful_timeout,
           on_listen=lambda url: print(f"sera-serve: listening on {url}", flush=True))
     return 0
 

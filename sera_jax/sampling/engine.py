@@ -130,6 +130,7 @@ class Engine:
         self.peak_referenced_blocks = 0
         self.peak_waiting = 0
         self.clock = DeviceClock()
+        self._snapshot: dict | None = None   # stats at the end of the driver's last round (last_stats)
 
     # ---------------------------------------------------------------------------------------------------- weights
     def _place(self, params, owned: bool = False):
@@ -307,6 +308,7 @@ class Engine:
     def _track(self) -> None:
         self.peak_referenced_blocks = max(self.peak_referenced_blocks, self.sched.blocks.num_referenced())
         self.peak_waiting = max(self.peak_waiting, len(self.sched.waiting))
+        self._snapshot = self._collect()
 
     # ---------------------------------------------------------------------------------------------------- shapes
     def warmup(self) -> int:
@@ -347,17 +349,27 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Returns counters: prefill/cached/generated tokens, calls, finish reasons, and block usage now and at peak."""
         with self._lock:
-            s = {k: 0 for k in ("admitted", "prefill_tokens", "cached_tokens", "generated_tokens", "prefill_calls",
-                                "decode_calls", "decode_live_rows", "decode_batch_rows", "cancelled")}
-            s.update(self.sched.stats)
-            blocks = self.sched.blocks
-            s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),
-                     blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),
-                     peak_referenced_blocks=self.peak_referenced_blocks, peak_waiting=self.peak_waiting,
-                     waiting=len(self.sched.waiting), running=len(self.sched.live()), evictions=blocks.evictions,
-                     version=self.sched.version, compiles=self.compile_count())
-            s["device_busy_s"] = self.clock.busy_s()
-            return s
+            return self._collect()
+
+    def last_stats(self) -> dict[str, int]:
+        """Returns ``stats()`` as of the end of the driver's last round, without taking the engine's lock: a busy
+        driver re-takes it at once after every round, so a monitor (``sera-serve``'s /metrics) could wait on it until
+        the batch drains."""
+        snap = self._snapshot
+        return dict(snap) if snap is not None else self.stats()
+
+    def _collect(self) -> dict[str, int]:
+        s = {k: 0 for k in ("admitted", "prefill_tokens", "cached_tokens", "generated_tokens", "prefill_calls",
+                            "decode_calls", "decode_live_rows", "decode_batch_rows", "cancelled")}
+        s.update(self.sched.stats)
+        blocks = self.sched.blocks
+        s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),
+                 blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),
+                 peak_referenced_blocks=self.peak_referenced_blocks, peak_waiting=self.peak_waiting,
+                 waiting=len(self.sched.waiting), running=len(self.sched.live()), evictions=blocks.evictions,
+                 version=self.sched.version, compiles=self.compile_count())
+        s["device_busy_s"] = self.clock.busy_s()
+        return s
 
 
 def _notify(req: Request, toks: tuple, lps: tuple) -> None:

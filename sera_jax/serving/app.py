@@ -96,8 +96,8 @@ def create_app(engine: Any, tokenizer: Any, model: str, limits: Limits, *, close
         return APIError(503, "the engine is not running", code="engine_stopped").response()
 
     async def metrics_route(request: Request) -> JSONResponse:
-        # The engine's counters are read under its lock, which a device round holds: off the event loop.
-        stats = await asyncio.to_thread(engine.stats)
+        # As of the driver's last round: the engine's lock is held through every device round.
+        stats = engine.last_stats()
         keep = ("waiting", "running", "blocks_total", "blocks_referenced", "blocks_cached", "blocks_available",
                 "peak_referenced_blocks", "admitted", "prefill_tokens", "cached_tokens", "generated_tokens",
                 "cancelled", "compiles", "device_busy_s")

@@ -155,11 +155,13 @@ def test_mid_stream_disconnects_free_their_kv_blocks(server, capsys):
         next(it), next(it)              # two chunks in: the request holds KV blocks now
         peak = max(peak, engine_stats(server)["blocks_referenced"])
         stream.close()                  # the client goes away mid-stream
-    deadline = time.monotonic() + 30
-    while engine_stats(server)["blocks_referenced"] != baseline and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120   # the server learns of each disconnect asynchronously
+    while time.monotonic() < deadline:
+        m = httpx.get(server.url + "/metrics", timeout=30).json()
+        after, disconnects = m["engine"]["blocks_referenced"], m["server"]["disconnects"] - before
+        if after == baseline and disconnects == 20:
+            break
         time.sleep(0.2)
-    after = engine_stats(server)["blocks_referenced"]
-    disconnects = httpx.get(server.url + "/metrics").json()["server"]["disconnects"] - before
     with capsys.disabled():
         print(f"\nKV blocks referenced: baseline {baseline}, during a stream up to {peak}, after 20 mid-stream "
               f"disconnects {after}; disconnects counted {disconnects}")
@@ -172,10 +174,10 @@ def test_shutdown_drains_the_request_in_flight(run_dir):
 
     from sera_jax.serving.process import serve_process
 
-    proc = serve_process([str(run_dir)], *SERVE_FLAGS)
+    proc = serve_process([str(run_dir)], *SERVE_FLAGS, "--graceful-timeout", "600")
     try:
-        c = openai.OpenAI(base_url=proc.url + "/v1", api_key="none", max_retries=0, timeout=120)
-        stream = c.completions.create(model=model_name(proc), prompt="Goal: craft 1 stick", max_tokens=500,
+        c = openai.OpenAI(base_url=proc.url + "/v1", api_key="none", max_retries=0, timeout=600)
+        stream = c.completions.create(model=model_name(proc), prompt="Goal: craft 1 stick", max_tokens=200,
                                       temperature=1.0, seed=1, stream=True, extra_body={"ignore_eos": True})
         it = iter(stream)
         first = next(it)
