@@ -64,3 +64,37 @@ def test_plans_seeds_and_body_checks():
         with pytest.raises(APIError) as e:
             parse_json_body(raw, 100)
         assert e.value.status == status
+
+
+def test_a_request_over_its_deadline_is_cancelled_and_frees_its_blocks():
+    """The app in process (httpx's ASGI transport) on a real engine, with a 0.3 s deadline: a long request gets a
+    504 and is cancelled: the engine counts it cancelled and its KV blocks go back to 0."""
+    import asyncio
+
+    import httpx
+
+    from sera_jax.sampling import Engine
+    from sera_jax.serving.app import create_app
+    from sera_jax.serving.server import ServeOptions, engine_config
+
+    policy = load_served_policy(hf_dir=SHIPPED_DIRS["textcraft"])
+    config = engine_config(policy.model_cfg, ServeOptions(max_batch=4, max_context=256))
+    engine = Engine(policy.model_cfg, policy.params, config, tokenizer=policy.tokenizer)
+    app = create_app(engine, policy.tokenizer, "tiny", Limits(max_context=256, max_tokens=255, deadline_s=0.3))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serve") as h:
+            r = await h.post("/v1/completions", json={"model": "tiny", "prompt": "Goal: craft 1 stick",
+                                                      "max_tokens": 200, "ignore_eos": True, "temperature": 1.0})
+            assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
+            for _ in range(600):
+                m = (await h.get("/metrics")).json()
+                if m["engine"]["blocks_referenced"] == 0 and m["engine"]["running"] == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert m["engine"]["blocks_referenced"] == 0 and m["server"]["deadline_exceeded"] == 1
+            assert m["engine"]["cancelled"] >= 1
+    try:
+        asyncio.run(main())
+    finally:
+        engine.close()
