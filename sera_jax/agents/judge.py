@@ -5,9 +5,9 @@
 * ``ChatJudge`` — an OpenAI-compatible ``/chat/completions`` endpoint given in config (the paper used an external
   model), asked with ``httpx``'s async client: no thread per request, one connection pool per event loop (keep-alive
   across labels, at most ``max_connections`` open). Each attempt has a timeout bounding the whole request (connect,
-  a slow first byte, the body); HTTP errors, timeouts,
-  unreachable hosts and unparseable replies are retried with exponential back-off up to ``max_attempts`` (3 for the
-  branch judge: 2 retries; the spec's external client allows 5). A judge that still fails returns a label with
+  a slow first byte, the body); HTTP errors, timeouts, unreachable hosts and unparseable replies are retried with
+  exponential back-off up to ``max_attempts`` (3 for the branch judge: 2 retries; the spec's external client
+  allows 5). A judge that still fails returns a label with
   ``success=None`` (the branch is excluded) and an ``error`` that names the endpoint and the last cause.
   ``ensure_reachable()`` raises ``JudgeUnavailable`` with that clear message, for a check at start-up.
   Every request turns the model's thinking off with the reference's fields (``NO_THINKING``: ``"reasoning_effort":
