@@ -3,15 +3,19 @@
 * ``ProgrammaticJudge`` — TextCraft: success iff some turn of the branch (scanning from the last) has
   ``reward/success`` > 0, else the trajectory reward > 0 (the checker ran on finish: crafted delta ≥ targets).
 * ``ChatJudge`` — an OpenAI-compatible ``/chat/completions`` endpoint given in config (the paper used an external
-  model). Standard library only: ``urllib`` in a worker thread. Each attempt has a timeout; HTTP errors, timeouts,
-  unreachable hosts and unparseable replies are retried with exponential back-off up to ``max_attempts`` (3 for the
-  branch judge: 2 retries; the spec's external client allows 5). A judge that still fails returns a label with
+  model), asked with ``httpx``'s async client: no thread per request, one connection pool per event loop (keep-alive
+  across labels, at most ``max_connections`` open). Each attempt has a timeout bounding the whole request (connect,
+  a slow first byte, the body); HTTP errors, timeouts, unreachable hosts and unparseable replies are retried with
+  exponential back-off up to ``max_attempts`` (3 for the branch judge: 2 retries; the spec's external client
+  allows 5). A judge that still fails returns a label with
   ``success=None`` (the branch is excluded) and an ``error`` that names the endpoint and the last cause.
   ``ensure_reachable()`` raises ``JudgeUnavailable`` with that clear message, for a check at start-up.
   Every request turns the model's thinking off with the reference's fields (``NO_THINKING``: ``"reasoning_effort":
   "none"`` and ``"chat_template_kwargs": {"enable_thinking": false}``, sent beside ``model``/``messages`` as the
   reference's ``extra_body``, ``Training/runtime/kimi_judge/client.py`` and ``textworld_rao_policy_judge/judge.py``);
   ``extra_body`` replaces them (``{}`` sends none, for an endpoint that rejects unknown fields).
+  ``style="compact"`` sends ``compact_judge_messages``, as ``PolicyJudge`` does: a tiny policy served by
+  ``sera-serve`` then answers the same prompt over HTTP as in process.
 * ``PolicyJudge`` — the ``policy_frozen`` judge: the same prompt and strict parsing, answered by our own engine
   serving a frozen copy of the initial policy (``frozen_policy_engine``), so labels need no network. With
   ``style="compact"`` (a tiny policy, ``env.prompt_style: compact``) its prompt is ``compact_judge_messages``: the
@@ -36,11 +40,9 @@ import asyncio
 import copy
 import dataclasses
 import json
-import socket
-import urllib.error
-import urllib.request
 from typing import Any, Mapping, Sequence
 
+import httpx
 import jax
 
 from sera_jax.agents.env_name import EnvName
@@ -144,30 +146,51 @@ class ChatJudge:
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                  max_attempts: int = 3, backoff_s: float = 1.0, temperature: float = 1.0, max_tokens: int = 1024,
-                 extra_body: Mapping[str, Any] | None = None):
+                 extra_body: Mapping[str, Any] | None = None, max_connections: int = 64, style: str = "paper"):
         if max_attempts < 1:
             raise ValueError("max_attempts must be ≥ 1")
+        if style not in ("paper", "compact"):
+            raise ValueError(f"judge prompt style must be 'paper' or 'compact', got {style!r}")
+        self.style = style
         url = base_url.rstrip("/")
         self.url = url if url.endswith("/chat/completions") else url + "/chat/completions"
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
         self.max_attempts, self.backoff_s = max_attempts, backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
+        self.max_connections = max_connections
         # Extra request fields (None = the reference's thinking-off fields); they never override the core fields.
         self.extra_body = copy.deepcopy(dict(NO_THINKING if extra_body is None else extra_body))
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def request_body(self, messages: Sequence[dict]) -> dict[str, Any]:
         """Returns the JSON body of one chat-completions request for ``messages``."""
         return {**copy.deepcopy(self.extra_body), "model": self.model, "messages": list(messages),
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
 
-    def _post(self, messages: Sequence[dict]) -> tuple[str, dict[str, int] | None]:
-        body = json.dumps(self.request_body(messages)).encode()
+    def _http(self) -> httpx.AsyncClient:
+        """Returns the connection pool of the running event loop (a pool belongs to the loop that opened it)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop or self._client.is_closed:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
+                                             limits=httpx.Limits(max_connections=self.max_connections))
+            self._client_loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Closes this loop's connection pool (a later request opens a new one)."""
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = self._client_loop = None
+
+    async def _post(self, messages: Sequence[dict]) -> tuple[str, dict[str, int] | None]:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            payload = json.loads(resp.read().decode("utf-8", "replace"))
+        resp = await self._http().post(self.url, content=json.dumps(self.request_body(messages)).encode(),
+                                       headers=headers)
+        resp.raise_for_status()
+        payload = json.loads(resp.content.decode("utf-8", "replace"))
         content = payload["choices"][0]["message"]["content"]
         if not isinstance(content, str):
             raise ValueError("message content is not a string")
@@ -175,27 +198,26 @@ class ChatJudge:
 
     async def _attempt(self, messages: Sequence[dict], node_id: str = "") -> tuple[str | None, str, dict | None]:
         """Returns (reply text | None, why there is none, token usage | None) of one request."""
+        timeout = f"no reply from {self.url} within {self.timeout_s:g} s"
         try:
             with span("judge", node=node_id):
-                text, usage = await asyncio.to_thread(self._post, messages)
+                # httpx's timeout is per read; the whole request (a server trickling bytes) is bounded here.
+                text, usage = await asyncio.wait_for(self._post(messages), self.timeout_s)
             return text, "", usage
-        except urllib.error.HTTPError as e:
-            return None, f"HTTP {e.code} from {self.url}", None
-        except (TimeoutError, socket.timeout):
-            return None, f"no reply from {self.url} within {self.timeout_s:g} s", None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                return None, f"no reply from {self.url} within {self.timeout_s:g} s", None
-            return None, f"cannot reach {self.url}: {e.reason}", None
-        except OSError as e:
-            return None, f"cannot reach {self.url}: {e}", None
+        except httpx.HTTPStatusError as e:
+            return None, f"HTTP {e.response.status_code} from {self.url}", None
+        except (TimeoutError, httpx.TimeoutException):
+            return None, timeout, None
+        except (httpx.TransportError, OSError) as e:
+            return None, f"cannot reach {self.url}: {type(e).__name__}: {e}", None
         except (ValueError, KeyError, IndexError, TypeError) as e:
             return None, f"malformed chat-completions response from {self.url}: {type(e).__name__}: {e}", None
 
     async def label(self, node: Node, parent_goal: str = "") -> Label:
         """Returns the judge's label of a finished branch: each of up to ``max_attempts`` tries is one request;
         a transport failure or an invalid reply is retried after back-off. success None = no valid reply."""
-        messages = judge_messages(node.goal, parent_goal, node)
+        messages = compact_judge_messages(node.goal, node) if self.style == "compact" else \
+            judge_messages(node.goal, parent_goal, node)
         last = ""
         spent = _Spent()
         for attempt in range(1, self.max_attempts + 1):
@@ -313,7 +335,7 @@ def with_attempts(judge: Any, max_attempts: int) -> Any:
 def make_judge(env: EnvName, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:
     """Returns the label source for ``env``: programmatic for TextCraft; for TextWorld ``config["kind"]`` chooses
     "chat" (``base_url``, ``model``, optional ``api_key``, ``timeout_s``, ``max_attempts``, ``temperature``,
-    ``max_tokens``, ``extra_body``) or "policy_frozen" (``generator`` = an engine over frozen initial params,
+    ``max_tokens``, ``extra_body``, ``max_connections``, ``style``) or "policy_frozen" (``generator`` = an engine over frozen initial params,
     ``tokenizer``; optional ``temperature``, ``max_new_tokens``, ``max_attempts``)."""
     if env == "textcraft":
         return ProgrammaticJudge()

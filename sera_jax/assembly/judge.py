@@ -12,7 +12,8 @@ JUDGE_PROMPT_TOKENS = 10240  # recipes.md §1b: the judge's prompt budget
 
 def judge_settings(cfg: RunConfig) -> dict[str, Any]:
     """Returns ``make_judge``'s settings for ``cfg.judge``: an OpenAI-compatible endpoint (``judge.endpoint``, else
-    the variable ``judge.endpoint_env`` names; key from ``$SERA_JUDGE_API_KEY``) or the policy_frozen engine."""
+    the variable ``judge.endpoint_env`` names; key from ``$SERA_JUDGE_API_KEY``; the env's prompt style, so a tiny
+    policy behind ``sera-serve`` gets the compact prompt the frozen engine would) or the policy_frozen engine."""
     j = cfg.judge
     if j.kind == "openai":
         endpoint = j.endpoint or os.environ.get(j.endpoint_env)
@@ -20,7 +21,7 @@ def judge_settings(cfg: RunConfig) -> dict[str, Any]:
             raise ConfigError(f"judge.endpoint: null and ${j.endpoint_env} is not set")
         return {"kind": "chat", "base_url": endpoint, "model": j.model, "temperature": j.temperature,
                 "max_tokens": j.max_tokens, "max_attempts": j.retries + 1, "timeout_s": j.timeout_s,
-                "api_key": os.environ.get("SERA_JUDGE_API_KEY")}
+                "api_key": os.environ.get("SERA_JUDGE_API_KEY"), "style": cfg.env.prompt_style}
     # The frozen copy is served by an engine of the policy's context (rollout.context_tokens): the request's prompt
     # is cut to what is left of it after the completion cap, never above the reference judge's 10,240-token budget
     # (a 10,240-token prompt on the tiny default's small engine would make every label an error).

@@ -130,6 +130,7 @@ class Engine:
         self.peak_referenced_blocks = 0
         self.peak_waiting = 0
         self.clock = DeviceClock()
+        self._snapshot: dict | None = None   # stats at the end of the driver's last round (last_stats)
 
     # ---------------------------------------------------------------------------------------------------- weights
     def _place(self, params, owned: bool = False):
@@ -162,17 +163,25 @@ class Engine:
             return self.sched.version
 
     @property
+    def alive(self) -> bool:
+        """Returns whether the engine takes requests: not closed, and its driver (once started) has not failed."""
+        return self._error is None and not self._closed and (self._thread is None or self._thread.is_alive())
+
+    @property
     def version(self) -> int:
         """The policy version tagging newly admitted turns."""
         return self.sched.version
 
     # ---------------------------------------------------------------------------------------------------- API
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                       key: jax.Array | None = None) -> GenerationResult:
+                       key: jax.Array | None = None, *, on_progress: Any = None) -> GenerationResult:
         """Returns the finished turn for ``prompt_ids``; raises ValueError/TypeError for a bad request.
 
         ``key`` (a ``jax.random`` key) makes the turn reproducible: token i is drawn with ``fold_in(key, i)``,
         whatever else shares the batch. Without one, the engine derives (seed, request counter).
+        ``on_progress(token_ids, logprobs)`` (optional) is called on the caller's event loop after each device round
+        that added tokens to the still-running turn (for streaming): those tokens are final, a stop string never cuts
+        them.
         """
         if self._error is not None:
             raise EngineError("the engine's driver failed") from self._error
@@ -186,7 +195,7 @@ class Engine:
                            capacity_blocks=self.sched.blocks.capacity, has_tokenizer=self.tokenizer is not None,
                            fallback_key=(self.seed, rid & 0xFFFFFFFF))
         loop = asyncio.get_running_loop()
-        req.future, req.loop = loop.create_future(), loop
+        req.future, req.loop, req.on_progress = loop.create_future(), loop, on_progress
         self._submit(("add", req))
         try:
             return await req.future
@@ -231,8 +240,11 @@ class Engine:
                             finished += self._parse(rec)
                         pending = dispatched
                         self._track()
+                        progress = self._progress()
                     for req, result in finished:
                         _resolve(req, result)
+                    for req, toks, lps in progress:
+                        _notify(req, toks, lps)
                     if not dispatched and not pending and not self._inbox.qsize():
                         self._wake.wait(timeout=1.0)
                         self._wake.clear()
@@ -284,9 +296,19 @@ class Engine:
             return self.sched.on_prefill_output(batch, a, b, np.asarray(rest[0]))
         return self.sched.on_decode_output(batch, a, b)
 
+    def _progress(self) -> list[tuple]:
+        """Returns (request, tokens, logprobs) of the live streamed turns that grew since they were last told."""
+        out = []
+        for req in self.sched.live():
+            if req.on_progress is not None and not req.finished and len(req.tokens) > req.reported:
+                req.reported = len(req.tokens)
+                out.append((req, tuple(req.tokens), tuple(req.logprobs)))
+        return out
+
     def _track(self) -> None:
         self.peak_referenced_blocks = max(self.peak_referenced_blocks, self.sched.blocks.num_referenced())
         self.peak_waiting = max(self.peak_waiting, len(self.sched.waiting))
+        self._snapshot = self._collect()
 
     # ---------------------------------------------------------------------------------------------------- shapes
     def warmup(self) -> int:
@@ -327,17 +349,35 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Returns counters: prefill/cached/generated tokens, calls, finish reasons, and block usage now and at peak."""
         with self._lock:
-            s = {k: 0 for k in ("admitted", "prefill_tokens", "cached_tokens", "generated_tokens", "prefill_calls",
-                                "decode_calls", "decode_live_rows", "decode_batch_rows", "cancelled")}
-            s.update(self.sched.stats)
-            blocks = self.sched.blocks
-            s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),
-                     blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),
-                     peak_referenced_blocks=self.peak_referenced_blocks, peak_waiting=self.peak_waiting,
-                     waiting=len(self.sched.waiting), running=len(self.sched.live()), evictions=blocks.evictions,
-                     version=self.sched.version, compiles=self.compile_count())
-            s["device_busy_s"] = self.clock.busy_s()
-            return s
+            return self._collect()
+
+    def last_stats(self) -> dict[str, int]:
+        """Returns ``stats()`` as of the end of the driver's last round, without taking the engine's lock: a busy
+        driver re-takes it at once after every round, so a monitor (``sera-serve``'s /metrics) could wait on it until
+        the batch drains."""
+        snap = self._snapshot
+        return dict(snap) if snap is not None else self.stats()
+
+    def _collect(self) -> dict[str, int]:
+        s = {k: 0 for k in ("admitted", "prefill_tokens", "cached_tokens", "generated_tokens", "prefill_calls",
+                            "decode_calls", "decode_live_rows", "decode_batch_rows", "cancelled")}
+        s.update(self.sched.stats)
+        blocks = self.sched.blocks
+        s.update(blocks_total=blocks.capacity, blocks_referenced=blocks.num_referenced(),
+                 blocks_cached=blocks.num_cached(), blocks_available=blocks.num_available(),
+                 peak_referenced_blocks=self.peak_referenced_blocks, peak_waiting=self.peak_waiting,
+                 waiting=len(self.sched.waiting), running=len(self.sched.live()), evictions=blocks.evictions,
+                 version=self.sched.version, compiles=self.compile_count())
+        s["device_busy_s"] = self.clock.busy_s()
+        return s
+
+
+def _notify(req: Request, toks: tuple, lps: tuple) -> None:
+    """Hands a live turn's tokens so far to its ``on_progress`` on the request's event loop, from the driver."""
+    try:
+        req.loop.call_soon_threadsafe(req.on_progress, toks, lps)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass
 
 
 def _resolve(req: Request, outcome) -> None:
