@@ -38,6 +38,7 @@ from sera_jax.serving.policy import load_served_policy  # noqa: E402
 from sera_jax.serving.process import serve_process  # noqa: E402
 from sera_jax.serving.server import ServeOptions, engine_config  # noqa: E402
 from sera_jax.warmstart.sft import SHIPPED_DIRS  # noqa: E402
+from tools.bench_decode import matmul_rate  # noqa: E402 - one way to measure the machine, shared
 
 ITEMS = ["oak planks", "stick", "crafting table", "wooden pickaxe", "iron ingot", "torch", "chest", "ladder",
          "bowl", "furnace", "lever", "stone axe", "birch boat", "oak door", "iron bars", "bucket"]
@@ -49,21 +50,6 @@ def messages(user: int, turn: int, salt: int) -> list[dict]:
     item = ITEMS[(user + turn) % len(ITEMS)]
     return [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"Goal {salt}-{user}-{turn}: craft {1 + user % 4} {item}."}]
-
-
-def matmul_rate(cfg) -> float:
-    """Returns this machine's fp32 FLOP/s on the model's largest projection ([1024, D] x [D, F]) under XLA."""
-    import jax
-    import jax.numpy as jnp
-
-    x = jnp.ones((1024, cfg.hidden_size), jnp.float32)
-    w = jnp.ones((cfg.hidden_size, cfg.intermediate_size), jnp.float32)
-    f = jax.jit(lambda x, w: x @ w)
-    f(x, w).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        f(x, w).block_until_ready()
-    return 200 * 2 * x.shape[0] * w.shape[0] * w.shape[1] / (time.perf_counter() - t0)
 
 
 def cpu_seconds(pid: int | None = None) -> float:

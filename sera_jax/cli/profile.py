@@ -182,7 +182,7 @@ def _aot_main(args) -> int:
     2 for a config error or a missing plugin."""
     from sera_jax.cli.common import load_or_report
     from sera_jax.profiling.aot import compile_job
-    from sera_jax.profiling.aot_report import report_lines, result_line, to_json
+    from sera_jax.profiling.aot_report import report_lines, result_line, scaling_lines, to_json
     from sera_jax.profiling.projection import TreeShape
     from sera_jax.profiling.targets import DEFAULT_MEM_FRACTION, MissingCudaPlugin, get_target
 
@@ -192,8 +192,6 @@ def _aot_main(args) -> int:
     cfg = load_or_report(args.config, check_paths=False)
     if cfg is None:
         return 2
-    if args.hosts:
-        return _aot_scaling(args, cfg)
     try:
         target = get_target(args.target)
         tree = TreeShape()
@@ -202,57 +200,43 @@ def _aot_main(args) -> int:
             if key not in {f.name for f in dataclasses.fields(TreeShape)}:
                 raise ValueError(f"--tree {item}: TreeShape has no field {key!r}")
             tree = dataclasses.replace(tree, **{key: type(getattr(tree, key))(value)})
-        report = compile_job(cfg, target, every_bucket=args.every_bucket, tree=tree, decode_rows=args.decode_rows,
-                             mem_fraction=args.mem_fraction or DEFAULT_MEM_FRACTION,
-                             network_bytes_per_s=args.network_gbps * 1e9 / 8,
-                             max_traffic_ratio=args.max_traffic_ratio,
-                             log=lambda m: print(m, file=sys.stderr, flush=True))
+        layouts = [cfg] if not args.hosts else _host_layouts(cfg, args.hosts)
+        reports = [compile_job(c, target, every_bucket=args.every_bucket, tree=tree, decode_rows=args.decode_rows,
+                               mem_fraction=args.mem_fraction or DEFAULT_MEM_FRACTION,
+                               network_bytes_per_s=args.network_gbps * 1e9 / 8,
+                               max_traffic_ratio=args.max_traffic_ratio,
+                               log=lambda m: print(m, file=sys.stderr, flush=True)) for c in layouts]
     except (MissingCudaPlugin, ValueError) as e:
         print(f"sera-profile --aot: {e}", file=sys.stderr)
         return 2
-    print("\n".join(report_lines(report)))
-    out = Path(args.out or f"sera_profile/aot-{cfg.name}-{target.name}")
+    if args.hosts:  # the same job on several host counts: one table, one report per layout
+        print("\n".join(scaling_lines(reports)))
+        out = Path(args.out or f"sera_profile/aot-scaling-{cfg.name}-{target.name}")
+        data = [to_json(r) for r in reports]
+    else:
+        print("\n".join(report_lines(reports[0])))
+        out = Path(args.out or f"sera_profile/aot-{cfg.name}-{target.name}")
+        data = to_json(reports[0])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(to_json(report), indent=1, default=str) + "\n")
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"report: {out / 'report.json'}")
-    print(result_line(report))
-    return 0 if report.ok else 1
-
-
-def _aot_scaling(args, cfg) -> int:
-    """``sera-profile --aot CONFIG --hosts 2,4,8``: the job compiled for each host count; returns 0 when every
-    layout compiles, fits and meets the collective bound, 1 when one does not, 2 for bad input."""
-    from sera_jax.profiling.aot import compile_job
-    from sera_jax.profiling.aot_report import scaling_lines, to_json
-    from sera_jax.profiling.targets import DEFAULT_MEM_FRACTION, MissingCudaPlugin, get_target
-
-    try:
-        hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
-    except ValueError:
-        print(f"sera-profile --aot: --hosts takes comma-separated host counts, got {args.hosts!r}", file=sys.stderr)
-        return 2
-    per_host_data = max(1, cfg.mesh.data // max(1, cfg.mesh.dcn_data))
-    reports = []
-    try:
-        target = get_target(args.target)
-        for h in hosts:
-            if h < 1:
-                raise ValueError(f"--hosts: host counts must be positive, got {h}")
-            c = dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, data=h * per_host_data, dcn_data=h))
-            reports.append(compile_job(c, target, decode_rows=args.decode_rows,
-                                       mem_fraction=args.mem_fraction or DEFAULT_MEM_FRACTION,
-                                       network_bytes_per_s=args.network_gbps * 1e9 / 8,
-                                       max_traffic_ratio=args.max_traffic_ratio,
-                                       log=lambda m: print(m, file=sys.stderr, flush=True)))
-    except (MissingCudaPlugin, ValueError) as e:
-        print(f"sera-profile --aot: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(scaling_lines(reports)))
-    out = Path(args.out or f"sera_profile/aot-scaling-{cfg.name}-{target.name}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps([to_json(r) for r in reports], indent=1, default=str) + "\n")
-    print(f"report: {out / 'report.json'}")
+    if not args.hosts:
+        print(result_line(reports[0]))
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _host_layouts(cfg, hosts: str) -> list:
+    """Returns ``cfg`` laid over each host count of ``hosts`` ("2,4,8"): mesh.data and mesh.dcn_data scaled, the
+    GPUs per host kept. Raises ValueError for a malformed list."""
+    try:
+        counts = [int(h) for h in hosts.split(",") if h.strip()]
+    except ValueError:
+        raise ValueError(f"--hosts takes comma-separated host counts, got {hosts!r}") from None
+    if not counts or any(h < 1 for h in counts):
+        raise ValueError(f"--hosts: host counts must be positive, got {hosts!r}")
+    per_host_data = max(1, cfg.mesh.data // max(1, cfg.mesh.dcn_data))
+    return [dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, data=h * per_host_data, dcn_data=h))
+            for h in counts]
 
 
 if __name__ == "__main__":

@@ -128,3 +128,19 @@ def test_a_job_that_does_not_fit_says_what_to_shrink():
     assert "largest part: engine weights + KV pool 70.0 GiB" in msg and "Shrink the KV pool" in msg
     assert "batch.token_budget = 2048 tokens per device" in msg
     assert aot.memory_problems(phases, 200 << 30, target, 0.75, cfg, remat=True) == []
+
+
+@pytest.mark.slow
+def test_the_cli_compiles_the_job_for_several_host_counts(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "sera_jax.cli.profile", "--aot", "configs/paper/textcraft_sera.yaml",
+                          *SMALL, "--max-traffic-ratio", "1.25", "--hosts", "1,4", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and " x 4 |" in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["1 x 4", "4 x 4"]
+    reports = json.loads((tmp_path / "report.json").read_text())
+    assert [(r["hosts"], r["gpus_per_host"]) for r in reports] == [(1, 4), (4, 4)]
+    one, four = (r["steps"][-1]["inventory"] for r in reports)
+    assert sum(v["across"] for v in one.values()) == 0  # one host: nothing crosses hosts
+    assert sum(v["across"] for v in four.values()) > 0  # four hosts: the data-parallel reduction does
+    assert all(r["problems"] == [] for r in reports)
