@@ -25,9 +25,16 @@ INTERRUPTED = 130  # 128 + SIGINT
 _terminated = False
 
 
+_direct = False  # raise at once (a command with nothing to save on its way out)
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _terminated
     _terminated = True
+    if _direct:
+        # A main task may finish normally despite asyncio's cancel (one that swallows CancelledError), and then no
+        # KeyboardInterrupt would follow: a command with no save to make raises where the main thread is.
+        raise KeyboardInterrupt
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)  # asyncio's handler cancels the main task; Python's raises KeyboardInterrupt
@@ -35,10 +42,12 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
-def install() -> None:
-    """Makes SIGTERM behave as Ctrl-C for the rest of the process (main thread only); returns None."""
-    global _terminated
-    _terminated = False
+def install(*, direct: bool = False) -> None:
+    """Makes SIGTERM behave as Ctrl-C for the rest of the process (main thread only); returns None. ``direct``:
+    raise ``KeyboardInterrupt`` where the main thread is, even inside ``asyncio.run`` (for a command that saves
+    nothing on its way out: the warm start's build)."""
+    global _terminated, _direct
+    _terminated, _direct = False, direct
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # A job started in the background by a script inherits SIGINT ignored. asyncio installs its cancelling
         # handler only over Python's default one, and SIGTERM relies on it: without it the KeyboardInterrupt

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not one_process_only("sera-warmstart", "its supervised warm start is a one-host job"):
         return CONFIG_ERROR
-    preemption.install()  # SIGTERM takes Ctrl-C's path (exit 143)
+    preemption.install(direct=True)  # SIGTERM: KeyboardInterrupt at once, exit 143 (nothing to save on the way)
     cfg = load_or_report(args.args)
     if cfg is None:
         return CONFIG_ERROR

