@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 
@@ -89,8 +89,8 @@ def start_distributed(*, init_timeout_s: int | None = None) -> bool:
     if settings is None:
         return False
     addr, num, pid = settings
-    if "cpu" in (os.environ.get("JAX_PLATFORMS") or "").lower().split(",") or not _has_accelerator_plugin():
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # CPU collectives through gloo (a CPU job's only cross-process ones; a GPU job's NCCL ones are untouched).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # Recoverable: a lost peer is reported to the survivors (PeerWatch) instead of aborting them from C++.
     jax.config.update("jax_enable_recoverability", True)
     # SIGTERM stays Python's (a preemption saves through the loop's own stop path, agreed at the step's exchange).
@@ -107,11 +107,6 @@ def start_distributed(*, init_timeout_s: int | None = None) -> bool:
                                "with the same SERA_COORDINATOR and that every process has a distinct "
                                "SERA_PROCESS_ID") from None
     return True
-
-
-def _has_accelerator_plugin() -> bool:
-    plats = (os.environ.get("JAX_PLATFORMS") or "").lower()
-    return any(p in plats for p in ("cuda", "gpu", "rocm", "tpu"))
 
 
 def heartbeat_timeout_s() -> int:
@@ -286,12 +281,3 @@ def finish_distributed(exchange: Exchange | None = None, watch: PeerWatch | None
                 break
             time.sleep(0.2)
     jax.distributed.shutdown()
-
-
-def gathered_sum(values: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Returns the key-wise sum of per-process figures (a key missing in one process counts 0)."""
-    out: dict[str, float] = {}
-    for v in values:
-        for k, x in v.items():
-            out[k] = out.get(k, 0.0) + float(x)
-    return out
