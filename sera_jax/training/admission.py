@@ -13,8 +13,10 @@ where ``delivered`` is 1 once the rank has handed over its group for version v (
 * ofp = 0 (every multi-stage recipe, every TextWorld recipe): one group in flight per rank, replacements one after
   another, nothing runs across an update; each trained group was sampled entirely by the version it trains.
 * ofp = 3 with C = 1 (TextCraft RAO and SERA w/o D & RT): when a rank delivers, its next group starts at once and
-  keeps generating while the trainer updates (it is trained one version later, ≤ 1 stale; CISPO's old policy is the
-  sampler's logprobs). The bound ``version − start_version ≤ ofp`` is checked again when a group is consumed.
+  keeps generating while the trainer updates (it is trained at least one version later; CISPO's old policy is the
+  sampler's logprobs). While another rank waits on a slow group, a rank whose groups finish fast may bank up to
+  ofp accepted groups, so a group can be up to ofp versions stale, as in the reference. The bound
+  ``version − start_version ≤ ofp`` is checked again when a group is consumed.
 
 Two choices of ours, both without effect on the paper recipes:
 

@@ -273,7 +273,9 @@ def test_limits_report_kind_and_namespace_policy(loop):
         await sb.run_cell("keep = 1", lambda *a: None)
         cpu = await sb.run_cell("while True:\n    pass", lambda *a: None)
         kept = await sb.run_cell("keep", lambda *a: None)
-        killed = await sb.run_cell(HOSTILE["swallowing_loop"], lambda *a: None)
+        # A loop in C never reaches the interpreter's signal check, so only the host's wall clock can stop it (a
+        # Python loop that swallows the limit's exception can still be stopped by it at its back edge: a race).
+        killed = await sb.run_cell("sum(range(10**15))", lambda *a: None)
         lost = await sb.run_cell("keep", lambda *a: None)
         mem = await sb.run_cell("x = bytearray(4 * 1024**3)", lambda *a: None)
         out = await sb.run_cell("print('x' * 10**6)", lambda *a: None)
