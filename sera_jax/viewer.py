@@ -76,7 +76,7 @@ def _table(rows: list[Mapping[str, Any]], cols: list[str]) -> str:
 
 
 def _rubric(rubric: Any, label: str = "rubric") -> str:
-    """Rubric items as a table (spec §3.2 schema), the rest of the rubric as JSON."""
+    """Rubric items as a table (docs/design/algorithm.md §3.2 schema), the rest of the rubric as JSON."""
     if not isinstance(rubric, Mapping):
         return _pre(label, rubric, "rubric")
     items = rubric.get("rubric_items")

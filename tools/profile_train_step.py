@@ -2,7 +2,7 @@
 
 Default: the Qwen3-4B-Instruct-2507 shape with random weights on the local accelerator(s) — bf16 compute, fp32
 master weights and Adam moments, remat per layer, FSDP over all local devices, CISPO over packed micro-batches
-(``rl.batch.pack_datums`` → ``trainer.stack_micro_batches``), the optax chain of spec §6.3. ``--tiny`` runs the
+(``rl.batch.pack_datums`` → ``trainer.stack_micro_batches``), the optax chain of docs/design/algorithm.md §6.3. ``--tiny`` runs the
 same path with the tiny preset on CPU in seconds (CI runs it through ``tools/gpu_train.sh --tiny``). ``--plan``
 prints XLA's memory plan of the step on any backend, without running it.
 

@@ -1,4 +1,4 @@
-"""CodeAct cell handling for TextCraft (spec §6.2-§6.3): reply parsing, observation text, the loop guard."""
+"""CodeAct cell handling for TextCraft (docs/design/textcraft.md §6.2-§6.3): reply parsing, observation text, the loop guard."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The TextCraft success label (spec §8, SERA §1.7), for the root agent and any sub-agent."""
+"""The TextCraft success label (docs/design/textcraft.md §8, docs/design/algorithm.md §1.7), for the root agent and any sub-agent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Task generation by the upstream rules (spec §2-§4): item split, difficulty bands, inventories, gold plans.
+"""Task generation by the upstream rules (docs/design/textcraft.md §2-§4): item split, difficulty bands, inventories, gold plans.
 
 ``generate_tasks()`` with its defaults reproduces the packaged official files row for row (same ids, buffers
 and distractors) because it uses the distractor order stored with them; any other seed or recipe world gives a

@@ -1,4 +1,4 @@
-"""The TextCraft tool semantics (spec §7) as functions of a recipe book and an inventory dict.
+"""The TextCraft tool semantics (docs/design/textcraft.md §7) as functions of a recipe book and an inventory dict.
 
 Every function validates its (untrusted) arguments and never raises on bad input: errors are returned as the
 spec's ``Error: ...`` strings, and the inventory is only changed by a fully valid craft.

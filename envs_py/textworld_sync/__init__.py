@@ -1,4 +1,4 @@
-"""TextWorld-Sync: the shared-state multi-agent cooking world of SERA (spec: textworld_sync.md).
+"""TextWorld-Sync: the shared-state multi-agent cooking world of SERA (docs/design/textworld.md).
 
 Public names:
 * `load_tasks(path | "sample")` -> list[TaskSpec]  (manifest .json, manifest-rows .jsonl or raw .jsonl)

@@ -1,4 +1,4 @@
-"""Difficulty bands, the seven task families and the fold layouts of TextWorld-Sync (spec §2.4-§2.5, §4, §13)."""
+"""Difficulty bands, the seven task families and the fold layouts of TextWorld-Sync (docs/design/textworld.md §2.4-§2.5, §4, §13)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class FoldLayout:
         return [base + (1 if f < extra else 0) for f in range(len(FAMILIES))]
 
     def seed(self, difficulty_position: int, family_index: int, offset: int, base_seed: int | None = None) -> int:
-        """Returns a task's seed from the fold's formula (spec §2.5)."""
+        """Returns a task's seed from the fold's formula (docs/design/textworld.md §2.5)."""
         base = self.base_seed if base_seed is None else base_seed
         return base + self.difficulty_stride * difficulty_position + self.family_stride * family_index + offset
 

@@ -1,20 +1,20 @@
 """Fixed vocabulary of TextWorld-Sync: rooms, compass aliases, tools, preparations and the ingredient table.
 
-The world keeps CookingWorld's words but none of its physics (spec §5, §14). Everything here is constant data
+The world keeps CookingWorld's words but none of its physics (docs/design/textworld.md §5, §14). Everything here is constant data
 shared by the world rules, the generator and the solver.
 """
 
 from __future__ import annotations
 
-# Ordered room list; a task uses the first max(4, min(11, numLocations)) rooms (spec §5.1).
+# Ordered room list; a task uses the first max(4, min(11, numLocations)) rooms (docs/design/textworld.md §5.1).
 ROOMS: tuple[str, ...] = (
     "kitchen", "pantry", "garden", "supermarket", "hallway", "dining room",
     "garage", "study", "basement", "attic", "courtyard",
 )
 DEFAULT_NUM_LOCATIONS = 6
-# Rooms an ingredient may start in; any other source room maps to the kitchen (spec §5.2).
+# Rooms an ingredient may start in; any other source room maps to the kitchen (docs/design/textworld.md §5.2).
 SOURCE_ROOMS = frozenset({"kitchen", "pantry", "garden", "supermarket"})
-# Absolute compass aliases, in the order they are offered (spec §5.1, §7 item 3).
+# Absolute compass aliases, in the order they are offered (docs/design/textworld.md §5.1, §7 item 3).
 COMPASS: tuple[tuple[str, str], ...] = (
     ("north", "pantry"), ("south", "dining room"), ("east", "garden"), ("west", "supermarket"),
 )
@@ -22,7 +22,7 @@ COMPASS: tuple[tuple[str, str], ...] = (
 TRIVIAL = frozenset({"raw", "uncut"})
 # Cuts in the order they are offered: preparation word -> verb.
 CUTS: tuple[tuple[str, str], ...] = (("chopped", "chop"), ("sliced", "slice"), ("diced", "dice"), ("minced", "mince"))
-# Cooks in the order they are offered: preparation word -> tool (spec §7 item 7).
+# Cooks in the order they are offered: preparation word -> tool (docs/design/textworld.md §7 item 7).
 COOKS: tuple[tuple[str, str], ...] = (
     ("fried", "stove"), ("roasted", "oven"), ("grilled", "grill"), ("baked", "oven"), ("boiled", "stove"),
 )
@@ -42,7 +42,7 @@ FRIDGE_GARDEN = ("kitchen.fridge", "garden")
 COUNTER_GARDEN = ("kitchen.counter", "garden")
 
 # The ingredient table the generator draws from: name -> (candidate source locations, preparation options).
-# These are the 22 ingredients and the preparation options observed in the official test records (spec §3.3);
+# These are the 22 ingredients and the preparation options observed in the official test records (docs/design/textworld.md §3.3);
 # the upstream database itself is not shipped, so this table is our own reconstruction of it.
 INGREDIENTS: dict[str, tuple[tuple[str, str], tuple[tuple[str, str], ...]]] = {
     "salt": (PANTRY, (("raw", "uncut"),)),

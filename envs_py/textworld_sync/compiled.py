@@ -2,7 +2,7 @@
 
 Everything that never changes during an episode is computed once here: rooms, ingredient order, expected
 preparation sets, gating, every command string the world may ever offer and the effect each one has. The world
-then only flips flags and looks commands up in dicts (spec §5, §7).
+then only flips flags and looks commands up in dicts (docs/design/textworld.md §5, §7).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CompiledTask:
         self.limit = spec.max_steps
         self.cooldown = int((par.get("mechanisms") or {}).get("tool_cooldown_steps", 0) or 0)
         # Capacity is limitInventorySize taken literally (0 = unlimited) unless resource_capacity.inventory
-        # overrides it (spec §4, checklist 4).
+        # overrides it (docs/design/textworld.md §4, checklist 4).
         capacity = int(params.get("limitInventorySize", 0) or 0)
         resource = par.get("resource_capacity") or {}
         if isinstance(resource, dict) and "inventory" in resource:
@@ -85,7 +85,7 @@ class CompiledTask:
         self.room_items = {
             room: tuple(i for i, start in enumerate(self.start) if start == room) for room in self.rooms
         }
-        # Movement commands offered in each room, in offer order (spec §7 items 2-3).
+        # Movement commands offered in each room, in offer order (docs/design/textworld.md §7 items 2-3).
         self.moves: dict[str, tuple[str, ...]] = {}
         self.effects: dict[str, tuple] = {"look around": (NOOP,), "inventory": (NOOP,),
                                           "read cookbook": (NOOP,), "take knife": (NOOP,), "open door": (OPEN,)}
@@ -101,7 +101,7 @@ class CompiledTask:
         self.take_cmd = [f"take {name}" for name in self.names]
         for i, cmd in enumerate(self.take_cmd):
             self.effects[cmd] = (TAKE, i)
-        # Per ingredient: (command, preparation word or None, tool) in offer order (spec §7 item 7).
+        # Per ingredient: (command, preparation word or None, tool) in offer order (docs/design/textworld.md §7 item 7).
         self.prep_cmds: list[tuple[tuple[str, str, str], ...]] = []
         self.cook_output: list[dict[str, frozenset]] = []
         for i, name in enumerate(self.names):

@@ -1,4 +1,4 @@
-"""One coordinator per task: the lock that turns every action into one atomic commit (spec §6.1).
+"""One coordinator per task: the lock that turns every action into one atomic commit (docs/design/textworld.md §6.1).
 
 All agents of a tree share one `Coordinator`. `step` and `observe` take the coordinator's lock, so an action is
 validated, applied, counted and observed as one indivisible transaction, and concurrent agents are serialised in
@@ -35,7 +35,7 @@ class Coordinator:
     # ------------------------------------------------------------------ sync API
 
     def reset(self, seed: Any = None) -> tuple[str, dict]:
-        """Resets the world (the seed is accepted and ignored, spec §2.5); returns the root's (observation, infos)."""
+        """Resets the world (the seed is accepted and ignored, docs/design/textworld.md §2.5); returns the root's (observation, infos)."""
         with self._tlock:
             self.world.reset()
             return self.world.observe_full(ROOT)
@@ -67,7 +67,7 @@ class Coordinator:
             return self.world.digest()
 
     def get_object_tree(self) -> dict:
-        """Returns the world's object tree (spec §8)."""
+        """Returns the world's object tree (docs/design/textworld.md §8)."""
         with self._tlock:
             return self.world.get_object_tree()
 

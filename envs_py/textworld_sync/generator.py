@@ -1,4 +1,4 @@
-"""Generating TextWorld-Sync tasks from a seed: 7 families × 4 difficulties, train / dev / test folds (spec §3, §13).
+"""Generating TextWorld-Sync tasks from a seed: 7 families × 4 difficulties, train / dev / test folds (docs/design/textworld.md §3, §13).
 
 Per task: a profile is drawn from the difficulty band with an RNG seeded by the task seed (retried with
 seed + k·1000003 while infeasible), then the global budget and cooldown from the runtime band; the family's
@@ -100,7 +100,7 @@ def sample_dishes(rng: random.Random, profile: dict, family: str) -> list[dict]:
 
 
 def describe(dishes: list[dict], family: str, capacity: int | None) -> dict:
-    """Returns {"structured": text, "coarse": text} for the dishes plus the family's sentences (spec §3.4)."""
+    """Returns {"structured": text, "coarse": text} for the dishes plus the family's sentences (docs/design/textworld.md §3.4)."""
     n = len(dishes)
     extra = [s.format(capacity=capacity) for s in bands.FAMILY_SENTENCES.get(family, [])]
     structured = [f"Prepare and eat {n} independent dishes. Complete every dish.",
@@ -196,7 +196,7 @@ def generate_task(family: str, difficulty: str, seed: int, fold: str = "test", o
 def generate_tasks(fold: str = "test", *, base_seed: int | None = None, difficulties: Iterable[str] | None = None,
                    families: Iterable[str] | None = None, per_cell: int | None = None) -> list[TaskSpec]:
     """Returns a fold's tasks in file order (difficulty-major, family-minor, offset-minor) with the fold's task
-    counts and seed formula (spec §2.4-§2.5). `base_seed` replaces the fold's base seed (a new task set of the
+    counts and seed formula (docs/design/textworld.md §2.4-§2.5). `base_seed` replaces the fold's base seed (a new task set of the
     same layout); `difficulties` / `families` select cells; `per_cell` caps the tasks per (difficulty, family)."""
     layout = bands.fold_layout(fold)
     want_d = set(difficulties) if difficulties is not None else None

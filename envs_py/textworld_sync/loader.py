@@ -1,4 +1,4 @@
-"""Loading TextWorld-Sync tasks from the official files, and writing manifests (spec §2).
+"""Loading TextWorld-Sync tasks from the official files, and writing manifests (docs/design/textworld.md §2).
 
 Three forms are read: the manifest JSON (an object with a `tasks` list), manifest records one per line (.jsonl),
 and raw generator rows (.jsonl). `load_tasks("sample")` reads the 40 official test records shipped with the package.
@@ -37,7 +37,7 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     """Returns the tasks of a manifest .json, a manifest-rows .jsonl or a raw-rows .jsonl file, in file order.
 
     `path` may also be 'sample' / 'sample_raw' (the 40 shipped official test records). Raises ValueError on a
-    malformed file or a manifest that breaks the validation rules of spec §2.2."""
+    malformed file or a manifest that breaks the validation rules of docs/design/textworld.md §2.2."""
     if str(path) in SAMPLE_FILES:
         path = sample_path(str(path))
     path = Path(path)
@@ -78,7 +78,7 @@ def tasks_from_rows(rows: Iterable[dict], where: str = "rows") -> list[TaskSpec]
 
 
 def tasks_from_manifest(manifest: dict, where: str = "manifest") -> list[TaskSpec]:
-    """Returns the tasks of a parsed manifest after the loader's validation rules (spec §2.2)."""
+    """Returns the tasks of a parsed manifest after the loader's validation rules (docs/design/textworld.md §2.2)."""
     dataset = str(manifest.get("dataset", ""))
     split = manifest.get("split")
     if dataset in V9_DATASETS:
@@ -115,7 +115,7 @@ def _check_unique(tasks: list[TaskSpec], where: str) -> None:
 
 
 def build_manifest(tasks: list[TaskSpec], dataset: str, split: str) -> dict:
-    """Returns a manifest object (top-level fields of spec §2.2) holding `tasks` in their manifest form."""
+    """Returns a manifest object (top-level fields of docs/design/textworld.md §2.2) holding `tasks` in their manifest form."""
     rows = [t.to_manifest_row() for t in tasks]
     body = json.dumps(rows, sort_keys=True).encode()
     return {

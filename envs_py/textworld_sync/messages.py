@@ -1,4 +1,4 @@
-"""Fixed-format texts the agent runtime shows an agent in TextWorld-Sync (spec §10.3, §10.4, §11).
+"""Fixed-format texts the agent runtime shows an agent in TextWorld-Sync (docs/design/textworld.md §10.3, §10.4, §11).
 
 The prompt itself is built by the agent runtime (sera_jax/agents/textworld.py); these helpers give it the exact
 information content of each turn's observation so every runner formats them identically.
@@ -39,7 +39,7 @@ def invalid_reply_text(error: str, observation: str) -> str:
 
 
 def subagent_results_text(children: Iterable[Mapping[str, Any]], observation: str) -> str:
-    """Returns the parent's turn observation after its sub-agents return (spec §10.3).
+    """Returns the parent's turn observation after its sub-agents return (docs/design/textworld.md §10.3).
 
     Each child record needs agent_id, returned_to_parent, environment_success, steps, max_steps and may carry
     remaining_steps (default max_steps - steps), finish_message and final_observation."""
@@ -66,7 +66,7 @@ def subagent_results_text(children: Iterable[Mapping[str, Any]], observation: st
 
 def task_message_text(task_text: str, budget: int, observation: str, valid_actions: Sequence[str],
                       subagents_enabled: bool = True) -> str:
-    """Returns the first user message of an agent (spec §11): the task (root) or goal (sub-agent), its budget,
+    """Returns the first user message of an agent (docs/design/textworld.md §11): the task (root) or goal (sub-agent), its budget,
     the observation, the valid actions, the action space (delegate / finish shown whenever sub-agents are enabled,
     even at the depth limit) and the request for a first action."""
     space = [
@@ -95,7 +95,7 @@ def task_message_text(task_text: str, budget: int, observation: str, valid_actio
 
 
 def turn_feedback_text(step_index: int, observation: str, budget: int, infos: Mapping[str, Any]) -> str:
-    """Returns the user message after an agent's turn (spec §11): the turn's observation, the agent's budget,
+    """Returns the user message after an agent's turn (docs/design/textworld.md §11): the turn's observation, the agent's budget,
     the valid actions at that time and the score / success / failure / done flags."""
     used = min(step_index + 1, budget)
     actions: Sequence[str] = infos.get("validActions") or []

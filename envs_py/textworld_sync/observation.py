@@ -1,4 +1,4 @@
-"""Observation text and `infos` of TextWorld-Sync, exactly as spec §8 lays them out."""
+"""Observation text and `infos` of TextWorld-Sync, exactly as docs/design/textworld.md §8 lays them out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reply protocol of TextWorld-Sync agents (spec §10.1): one action, delegate or finish block per reply.
+"""The reply protocol of TextWorld-Sync agents (docs/design/textworld.md §10.1): one action, delegate or finish block per reply.
 
 `parse_reply(text)` never raises: anything malformed becomes kind "invalid" with a clear error text and the
 best-effort fallback command the reference runner would send to the world (which costs that agent a turn and,
@@ -125,7 +125,7 @@ def _parse_delegate(text: str, content: str) -> Reply:
 
 
 def fallback_command(text: str) -> str:
-    """Returns the best-effort command of an invalid reply (spec §10.1): the first non-empty <action> content;
+    """Returns the best-effort command of an invalid reply (docs/design/textworld.md §10.1): the first non-empty <action> content;
     else the last line of the first fenced code block; else the last non-empty line with a leading
     'action:'/'command:' and surrounding quotes/backticks removed. Empty when the reply has no text."""
     for match in _BLOCKS["action"].finditer(text):

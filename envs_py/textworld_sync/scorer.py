@@ -1,4 +1,4 @@
-"""The composite checker of TextWorld-Sync (spec §9): binary success over every dish, no partial credit."""
+"""The composite checker of TextWorld-Sync (docs/design/textworld.md §9): binary success over every dish, no partial credit."""
 
 from __future__ import annotations
 

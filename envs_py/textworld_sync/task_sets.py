@@ -7,7 +7,7 @@ A spec is one or more parts joined by ``+``; each part is
 * ``sample``: the 40 official test records shipped with the package;
 * a fold (``train``, ``test``, ``validation``; aliases ``dev``, ``val``, ``valid``), generated with its own seeds;
 * ``<fold>@<base seed>``, optionally followed by ``?difficulties=a,b&families=x,y&per_cell=n``: the fold's layout
-  generated from another base seed (seed formula of spec §2.5 with that base), e.g. ``test@900000?difficulties=easy
+  generated from another base seed (seed formula of docs/design/textworld.md §2.5 with that base), e.g. ``test@900000?difficulties=easy
   &per_cell=16`` = 16 Easy tasks of every family with seeds 900000 + 100·family + offset. Such a set shares no seed
   with the fold's own tasks when the base seeds are far apart, so one can train on one range and hold another out.
   Its task ids carry the base seed (``…_test900000_<family>_<difficulty>_<offset>``), so they never collide with the

@@ -1,8 +1,8 @@
 """Task records of TextWorld-Sync: the `TaskSpec` type and conversion between the manifest and raw row forms.
 
-Manifest form (spec §2.3): {task_id, game, fold, difficulty, seed, game_params (compact JSON string),
+Manifest form (docs/design/textworld.md §2.3): {task_id, game, fold, difficulty, seed, game_params (compact JSON string),
 task_description, generation_properties={base_game, task_family, task_view, task_descriptions, dishes, parallelism,
-generation}}. Raw form: the same content un-projected, with `game_params` as an object (spec §2.3, last paragraph).
+generation}}. Raw form: the same content un-projected, with `game_params` as an object (docs/design/textworld.md §2.3, last paragraph).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class TaskSpec(Task):
 
     @property
     def max_steps(self) -> int:
-        """Returns the global (shared) action budget, 100 when the record has none (spec §5.3)."""
+        """Returns the global (shared) action budget, 100 when the record has none (docs/design/textworld.md §5.3)."""
         value = self.parallelism.get("shared_environment_max_steps")
         return 100 if value is None else int(value)
 
@@ -102,7 +102,7 @@ def task_from_manifest_row(row: Mapping[str, Any]) -> TaskSpec:
 
 
 def manifest_row_from_raw(raw: Mapping[str, Any]) -> dict:
-    """Returns the manifest-form record of one raw JSONL row (the projection of spec §2.3)."""
+    """Returns the manifest-form record of one raw JSONL row (the projection of docs/design/textworld.md §2.3)."""
     try:
         return {
             "task_id": raw["task_id"], "game": raw.get("game", GAME), "fold": raw.get("split", "test"),

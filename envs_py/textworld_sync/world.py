@@ -1,4 +1,4 @@
-"""The TextWorld-Sync world: one shared state for every agent of a tree (spec §5-§9).
+"""The TextWorld-Sync world: one shared state for every agent of a tree (docs/design/textworld.md §5-§9).
 
 `World` implements the `envs_py.core.Env` protocol synchronously and without locking; `Coordinator`
 (coordinator.py) wraps it with the lock that makes each action one atomic commit for concurrent agents. Static
@@ -17,7 +17,7 @@ from envs_py.textworld_sync.scorer import failure_reason, score_task
 
 ROOT = "root"
 INVALID_ACTION = "Action is not valid in the current composite world state."
-# Always accepted (after lower-casing and collapsing whitespace), as no-ops (spec §6.2 item 2).
+# Always accepted (after lower-casing and collapsing whitespace), as no-ops (docs/design/textworld.md §6.2 item 2).
 FREE_FORMS = frozenset({"look around", "inventory", "view inventory", "check inventory"})
 _STATE = ("actual", "collected", "ready", "deleted", "inventory", "ready_count", "meal_prepared", "meal_eaten",
           "gate_open", "cooldowns", "steps", "done", "failure", "invalid", "agent_locations", "events")
@@ -45,7 +45,7 @@ class World:
         self.ready_count = [0] * len(c.dish_ids)
         self.meal_prepared = [False] * len(c.dish_ids)
         self.meal_eaten = [False] * len(c.dish_ids)
-        # The gate starts closed iff includeDoors (spec §5.3).
+        # The gate starts closed iff includeDoors (docs/design/textworld.md §5.3).
         self.gate_open = not bool(int(c.task.params.get("includeDoors", 0) or 0))
         self.cooldowns: dict[str, int] = {}
         self.steps = 0
@@ -76,7 +76,7 @@ class World:
         return self.c.limit
 
     def add_agent(self, agent_id: str) -> str:
-        """Registers an agent at the root's current location (unless known); returns its location (spec §10.3)."""
+        """Registers an agent at the root's current location (unless known); returns its location (docs/design/textworld.md §10.3)."""
         loc = self.agent_locations.get(agent_id)
         if loc is None:
             loc = self.agent_locations.get(ROOT, "kitchen")
@@ -86,7 +86,7 @@ class World:
     # ------------------------------------------------------------------ rules
 
     def valid_actions(self, agent_id: str) -> list[str]:
-        """Returns the agent's valid-action list, in the order of spec §7."""
+        """Returns the agent's valid-action list, in the order of docs/design/textworld.md §7."""
         return self._valid(self.agent_locations.get(agent_id, "kitchen"))
 
     def _valid(self, room: str) -> list[str]:
@@ -179,7 +179,7 @@ class World:
     # ------------------------------------------------------------------ Env protocol
 
     def step(self, agent_id: str, action: Any) -> StepResult:
-        """Validates, applies and counts one action of `agent_id` (spec §6.2); returns its StepResult.
+        """Validates, applies and counts one action of `agent_id` (docs/design/textworld.md §6.2); returns its StepResult.
 
         A rejected action changes nothing but still costs a global step and advances cooldowns; the returned
         `error` carries the reason, the observation does not (as in the reference)."""
@@ -222,15 +222,15 @@ class World:
         return StepResult(observation=obs, done=self.done, error=error, infos=infos)
 
     def observe(self, agent_id: str) -> str:
-        """Returns the agent's current observation text (spec §8)."""
+        """Returns the agent's current observation text (docs/design/textworld.md §8)."""
         return self._observe(agent_id)[0]
 
     def observe_full(self, agent_id: str) -> tuple[str, dict]:
-        """Returns (observation text, infos dict) for the agent (spec §8)."""
+        """Returns (observation text, infos dict) for the agent (docs/design/textworld.md §8)."""
         return self._observe(agent_id)
 
     def _observe(self, agent_id: str) -> tuple[str, dict]:
-        # Observing never changes state: an unknown agent is shown the kitchen until it acts (spec §6.2 item 1).
+        # Observing never changes state: an unknown agent is shown the kitchen until it acts (docs/design/textworld.md §6.2 item 1).
         return observation.render(self, self.agent_locations.get(agent_id, "kitchen"))
 
     def fork(self) -> "World":
@@ -271,7 +271,7 @@ class World:
         return CheckResult(success=bool(report["task_success"]), reason=failure_reason(report), details=report)
 
     def score_report(self) -> dict:
-        """Returns the scorer's report for the current state (spec §9)."""
+        """Returns the scorer's report for the current state (docs/design/textworld.md §9)."""
         return score_task(self.c.task_dishes(), self.get_object_tree())
 
     def digest(self) -> str:
@@ -287,7 +287,7 @@ class World:
     # ------------------------------------------------------------------ views for scorer and logs
 
     def get_object_tree(self) -> dict:
-        """Returns the object tree of spec §8 (the scorer's input and a log record)."""
+        """Returns the object tree of docs/design/textworld.md §8 (the scorer's input and a log record)."""
         c = self.c
         dishes = {}
         for d, dish_id in enumerate(c.dish_ids):
@@ -306,7 +306,7 @@ class World:
         }
 
     def get_events(self) -> list[dict]:
-        """Returns the event log in commit order (spec §6.4)."""
+        """Returns the event log in commit order (docs/design/textworld.md §6.4)."""
         return list(self.events)
 
     def inventory_text(self) -> str:

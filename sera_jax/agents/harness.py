@@ -1,4 +1,4 @@
-"""One agent's loop and the state a running tree shares (sera_algorithm.md §1.1–1.3, §1.6).
+"""One agent's loop and the state a running tree shares (docs/design/algorithm.md §1.1–1.3, §1.6).
 
 ``TreeRun`` holds what every agent of one tree uses: the record being written (``Tree``), the generator, the
 tokenizer, the settings, the tree's root PRNG key, the launcher (invoked at every delegation, see ``launcher.py``)
@@ -9,7 +9,7 @@ Environment specifics live in ``Episode`` subclasses (``codeact.py``, ``textworl
 
 Untrusted model output never raises out of here: malformed replies are handled by the episodes as turn errors, and
 anything else that goes wrong inside an agent's loop (a dead env worker, a generator error, a timeout) ends that agent
-with ``error_message`` = ``Error in episode loop at step N: …`` and ``rollout_error_zero_reward`` (spec §1.2).
+with ``error_message`` = ``Error in episode loop at step N: …`` and ``rollout_error_zero_reward`` (docs/design/algorithm.md §1.2).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ async def run_episode(ep: Episode) -> Node:
                 if gate is not None:
                     gate.done(node.id)
                     ticks += 1
-        except Exception as e:  # noqa: BLE001  (recorded: the trajectory is kept and scores 0, spec §1.2)
+        except Exception as e:  # noqa: BLE001  (recorded: the trajectory is kept and scores 0, docs/design/algorithm.md §1.2)
             node.error_message = (f"Error in episode loop at step {len(node.turns)}: {type(e).__name__}: {e}\n"
                                   + "".join(traceback.format_exception(e)))
             node.rollout_error_zero_reward = True

@@ -1,7 +1,7 @@
 """Infrastructure failures: a tree that failed because its env worker (or a sandbox host) died, or because its
 world could not be created, failed through no act of the policy.
 
-The reference gives every errored rollout reward 0 and trains on it (spec §1.2). That is right for errors the
+The reference gives every errored rollout reward 0 and trains on it (docs/design/algorithm.md §1.2). That is right for errors the
 policy causes — a context overflow, its own code crashing its sandbox cell — and those keep the zero reward here.
 An infrastructure failure says nothing about the policy: trained as a failure it would push the policy away from
 whatever it was doing when a machine died. Such a tree is marked (``tree.misc["infra_failure"]``, the reason; its

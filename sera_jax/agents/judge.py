@@ -1,4 +1,4 @@
-"""Labels of counterfactual branches (spec §4): programmatic for TextCraft, a binary judge for TextWorld.
+"""Labels of counterfactual branches (docs/design/algorithm.md §4): programmatic for TextCraft, a binary judge for TextWorld.
 
 * ``ProgrammaticJudge`` — TextCraft: success iff some turn of the branch (scanning from the last) has
   ``reward/success`` > 0, else the trajectory reward > 0 (the checker ran on finish: crafted delta ≥ targets).
@@ -22,7 +22,7 @@
   goal, the final dish progress, the finish message and the replies, without the observations.
 
 Attempts per label are the judge's ``max_attempts``: 3 for the branch (RT) judge; the TextWorld execution judge of the
-RAO family makes one (recipes.md §1b Notes) — ``with_attempts(judge, 1)`` returns such a copy of a configured judge.
+RAO family makes one (docs/design/recipes.md §1b Notes) — ``with_attempts(judge, 1)`` returns such a copy of a configured judge.
 
 Supervision spent: a ``Label`` also says how many requests it took (``attempts``, retries and failures included)
 and their prompt and completion tokens — from the endpoint's ``usage`` field for ``ChatJudge`` (a request without

@@ -1,6 +1,6 @@
 """One side call of the policy outside an agent's loop: rubric writing, rubric scoring, the frozen-policy judge.
 
-Such a call is a fresh two-message conversation (spec §3.1, §3.3): it is encoded, cut to the prompt budget by the
+Such a call is a fresh two-message conversation (docs/design/algorithm.md §3.1, §3.3): it is encoded, cut to the prompt budget by the
 same §1.3 rule as agent prompts (two messages ⇒ the head of the encoding without the generation prompt), sent to the
 generator with its own temperature and completion cap, and recorded as a ``Turn`` (prompt ids as sent, completion
 ids, behaviour logprobs, policy version) so that a rubric-generation call can later become a datum.
@@ -11,7 +11,7 @@ Each call is a span of the active trace (``trace.py``) whose kind is the name's 
 or ``judge`` (else ``call``), so that step metrics can put rubric writing under generation and scoring and judging
 under scoring.
 A generator error never propagates: it comes back as ``CallResult.error`` (the policy client makes one attempt and
-an error makes the call invalid, spec §3.5).
+an error makes the call invalid, docs/design/algorithm.md §3.5).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from sera_jax.sampling.types import SamplingParams
 
 def side_call_prompt_budget(agent_prompt_tokens: int, agent_completion_tokens: int, call_tokens: int) -> int:
     """Returns a side call's prompt cap, at least 1: the agents' prompt cap + their completion cap − the call's own
-    completion cap (recipes.md §1c, the reference's policy client). TextCraft 9,600 + 512 − 1,024 = 9,088;
+    completion cap (docs/design/recipes.md §1c, the reference's policy client). TextCraft 9,600 + 512 − 1,024 = 9,088;
     TextWorld 10,240 + 3,072 − 1,024 = 12,288 (rubric writing, execution-stage scoring) and − 512 = 12,800
     (rubric-generation-stage scoring)."""
     return max(1, agent_prompt_tokens + agent_completion_tokens - call_tokens)
@@ -83,7 +83,7 @@ async def policy_call(generator: Any, tokenizer: Any, messages: Sequence[dict], 
             result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # noqa: BLE001  (spec §3.5: a request error makes the call invalid, no retry)
+    except Exception as e:  # noqa: BLE001  (docs/design/algorithm.md §3.5: a request error makes the call invalid, no retry)
         return CallResult(None, "", f"generation failed: {type(e).__name__}: {e}")
     finally:
         CURRENT_TURN.reset(token)

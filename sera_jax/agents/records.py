@@ -1,4 +1,4 @@
-"""Tree records written by the recursive agent runtime and read by credit assignment (spec §1.6, §4).
+"""Tree records written by the recursive agent runtime and read by credit assignment (docs/design/algorithm.md §1.6, §4).
 
 Everything a training signal is computed from lives here, as plain dataclasses that round-trip through JSONL
 without loss (one tree per line; Python's ``json`` writes floats with ``repr``, so every float64 — logprobs,
@@ -22,7 +22,7 @@ Schema (field: type — meaning)
                                     "final_inventory", ... as written by the env checker and the rubric scorer
     misc: dict                    — anything else (usage, model name, prompt messages)
 
-``RubricScore`` — a rubric score applied to a sub-agent in the execution stage (spec §3.7).
+``RubricScore`` — a rubric score applied to a sub-agent in the execution stage (docs/design/algorithm.md §3.7).
     score: float, success: bool, original_binary_reward: float, rubric: dict | None, score_payload: dict | None
 
 ``Node`` — one agent (a "trajectory").
@@ -39,7 +39,7 @@ Schema (field: type — meaning)
     fork_group_id: str | None; branch_index: int | None  — set on counterfactual branch nodes
     misc: dict
 
-``Branch`` — one counterfactual branch of a fork group (spec §4 BranchResult).
+``Branch`` — one counterfactual branch of a fork group (docs/design/algorithm.md §4 BranchResult).
     branch_index, trajectory_id, depth, reward, success (label; None = judge failed), score (policy score under
     the fresh rubric; None = invalid), initial_state, final_state, finish_message, error_message, selected
 
@@ -165,7 +165,7 @@ class ForkGroup:
     @property
     def complete(self) -> bool:
         """True iff not skipped, exactly ``num_branches`` branches (the paper's 8), and every branch has a trajectory
-        id (spec §4)."""
+        id (docs/design/algorithm.md §4)."""
         return (not self.skipped and len(self.branches) == self.num_branches
                 and all(b.trajectory_id for b in self.branches))
 

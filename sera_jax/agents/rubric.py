@@ -1,4 +1,4 @@
-"""Rubrics written before delegating, and scores of a finished child under the frozen rubric (spec §3).
+"""Rubrics written before delegating, and scores of a finished child under the frozen rubric (docs/design/algorithm.md §3).
 
 Pure functions over plain data: building the rubric-writer and scorer requests (message lists), extracting JSON
 from model text, validating and renormalising a rubric, and parsing a score with the gate rule. The calls
@@ -76,7 +76,7 @@ def render_messages(messages: Sequence[dict[str, Any]]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RubricContext:
-    """What the rubric writer sees at a delegation point (spec §3.1)."""
+    """What the rubric writer sees at a delegation point (docs/design/algorithm.md §3.1)."""
 
     parent_goal: str
     metadata: dict[str, Any]
@@ -257,7 +257,7 @@ def _weight(value: Any) -> float | None:
 
 
 def validate_rubric(obj: Any, min_items: int = 2) -> tuple[dict[str, Any] | None, str]:
-    """Returns (normalised rubric, "") or (None, reason) per spec §3.2 (weights renormalised to sum 1)."""
+    """Returns (normalised rubric, "") or (None, reason) per docs/design/algorithm.md §3.2 (weights renormalised to sum 1)."""
     if not isinstance(obj, dict):
         return None, "rubric is not a JSON object"
     items = obj.get("rubric_items")
@@ -333,7 +333,7 @@ class Score:
 
 
 def parse_score(text: str) -> tuple[Score | None, str]:
-    """Returns (Score, "") or (None, reason) per spec §3.4: value = final_score (else score) in [0, 1];
+    """Returns (Score, "") or (None, reason) per docs/design/algorithm.md §3.4: value = final_score (else score) in [0, 1];
     success false ⇒ value must be 0; success true ⇒ value > 0; absent ⇒ success = value > 0."""
     obj = extract_json_object(text)
     if obj is None:
@@ -358,7 +358,7 @@ def parse_score(text: str) -> tuple[Score | None, str]:
 
 def child_trajectory_view(goal: str, steps: Sequence[dict[str, Any]], finish_message: str | None,
                           error_message: str | None) -> dict[str, Any]:
-    """Returns the child's own steps as the scorer sees them (TextCraft serialisation of spec §3.3)."""
+    """Returns the child's own steps as the scorer sees them (TextCraft serialisation of docs/design/algorithm.md §3.3)."""
     return {
         "task_goal": goal,
         "steps": [{"step": i, "thought": s.get("thought", ""), "code": s.get("code", ""),

@@ -1,8 +1,8 @@
-"""The rubric and scoring calls every rubric-using launcher makes (spec §3.1–3.5), on top of ``rubric.py``'s pure
+"""The rubric and scoring calls every rubric-using launcher makes (docs/design/algorithm.md §3.1–3.5), on top of ``rubric.py``'s pure
 prompt building and parsing: what the rubric writer is shown at a delegation, how a finished child is shown to the
 scorer, and the two policy calls with their settings.
 
-What the rubric writer sees per stage (recipes.md §3): the same parent reply in every stage (the launch request's
+What the rubric writer sees per stage (docs/design/recipes.md §3): the same parent reply in every stage (the launch request's
 ``parent_action``, the whole raw reply); the child tools string of the environment in the execution stage and in
 test-time selection, but always TextCraft's in the rubric-generation stage (a reference quirk, kept); the child
 budget the delegation asked for (``ChildSpec.budget_shown``).
@@ -10,7 +10,7 @@ budget the delegation asked for (``ChildSpec.budget_shown``).
 Each call's prompt cap follows the reference's policy client: the run's agent prompt cap + agent completion cap −
 the call's own completion cap (``policy_call.side_call_prompt_budget``), further cut to fit the serving context.
 
-Nothing here reaches an agent's conversation: rubric and score live only in records (spec §12.1).
+Nothing here reaches an agent's conversation: rubric and score live only in records (docs/design/algorithm.md §12.1).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ RUBRIC_STAGES = ("execution", "rubric_generation", "evaluation")
 
 @dataclasses.dataclass(frozen=True)
 class RubricConfig:
-    """Settings of the rubric calls (spec §8 ``rubric_subagent_reward`` / ``rubric_generation_ranking``).
+    """Settings of the rubric calls (docs/design/algorithm.md §8 ``rubric_subagent_reward`` / ``rubric_generation_ranking``).
 
     ``agent_prompt_tokens`` / ``agent_completion_tokens`` are the run's agent caps (``RuntimeSettings``
     ``max_prompt_tokens`` / ``max_new_tokens``; ``run_limits`` reads them): each call's prompt cap derives from them
@@ -66,7 +66,7 @@ class RubricConfig:
         if self.failure_policy not in FAILURE_POLICIES:
             raise ValueError(f"unknown failure policy {self.failure_policy!r}; expected one of {FAILURE_POLICIES}")
         if self.scoring_temperature != 0.0:
-            raise ValueError("scoring temperature must be 0 (spec §3.5)")
+            raise ValueError("scoring temperature must be 0 (docs/design/algorithm.md §3.5)")
 
     @classmethod
     def from_method(cls, method: Any, **overrides: Any) -> "RubricConfig":
@@ -127,7 +127,7 @@ def node_view(node: Node) -> dict[str, Any]:
 
 def final_inventory_state(node: Node) -> dict[str, Any]:
     """Returns ``{"inventory": final inventory}`` from the last turn whose reward_misc has one (present only when
-    the child called finish), else {} (spec §3.3, execution stage)."""
+    the child called finish), else {} (docs/design/algorithm.md §3.3, execution stage)."""
     for t in reversed(node.turns):
         if "final_inventory" in t.reward_misc:
             return {"inventory": dict(t.reward_misc["final_inventory"])}

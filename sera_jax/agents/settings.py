@@ -1,7 +1,7 @@
 """Runtime settings of the recursive agent runtime: budgets, depth, prompt/completion caps, sampling, scheduling.
 
-``RuntimeSettings.for_env(env, evaluation=...)`` gives the spec's defaults per environment (sera_algorithm.md
-§1.1–1.3, §8–9; textworld_sync.md §10–12); every field can be overridden. The settings object is frozen and
+``RuntimeSettings.for_env(env, evaluation=...)`` gives the spec's defaults per environment (docs/design/algorithm.md
+§1.1–1.3, §8–9; docs/design/textworld.md §10–12); every field can be overridden. The settings object is frozen and
 hashable so it can be shared by every tree of a run.
 """
 

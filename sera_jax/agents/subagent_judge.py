@@ -1,4 +1,4 @@
-"""Judge labels of sub-agents, asked after their root rollout has finished (TextWorld; recipes.md §1b, §3).
+"""Judge labels of sub-agents, asked after their root rollout has finished (TextWorld; docs/design/recipes.md §1b, §3).
 
 Two uses of a configured judge (``judge.py``: ``ChatJudge``, ``PolicyJudge``, or any object with
 ``async label(node, parent_goal) -> Label``), each behind a ``SubagentJudge`` that bounds the requests in flight:
@@ -46,7 +46,7 @@ SPENT_KEY = "execution_judge"                # node.misc: the execution label's 
 STATS_KEY = "execution_judge_stats"          # tree.misc: the execution judge's totals over the tree
 BRANCH_KEY = "judge_label"                   # node.misc of a branch: its label's record (as the collector writes it)
 BRANCH_STATS_KEY = "branch_judge_stats"      # tree.misc: the deferred branch labels' totals over the tree
-EXECUTION_CONCURRENCY = 16                   # recipes.md §1b: judge requests in flight per rank
+EXECUTION_CONCURRENCY = 16                   # docs/design/recipes.md §1b: judge requests in flight per rank
 DEFERRED_REASON = "deferred: labelled after the fork group's rubric is written (label_fork_groups)"
 
 

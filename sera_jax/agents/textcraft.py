@@ -1,4 +1,4 @@
-"""The TextCraft agent: a CodeAct loop over sandboxed cells, with ``await launch_subagent`` (spec §1.1, §1.4–1.7).
+"""The TextCraft agent: a CodeAct loop over sandboxed cells, with ``await launch_subagent`` (docs/design/algorithm.md §1.1, §1.4–1.7).
 
 One turn = one LLM call + one code cell run in the agent's own sandbox (env worker process). The cell's
 ``launch_subagent(targets, context)`` comes back to the runtime as a callback (``_launch``): the world has already
@@ -31,7 +31,7 @@ CONTEXT_SEP = "\n\nContext provided from parent agent: "
 
 
 def task_string(goal: str, max_steps: int) -> str:
-    """Returns an agent's task string: its goal and its budget line (spec §1.1)."""
+    """Returns an agent's task string: its goal and its budget line (docs/design/algorithm.md §1.1)."""
     return f"Your Goal: {goal}\nBudget: You have a total budget of {max_steps} steps to complete this task."
 
 
@@ -42,7 +42,7 @@ def raw_reply(text: str) -> str:
 
 
 def refusal_text(goal: str, depth: int, max_depth: int) -> str:
-    """Returns the depth-limit refusal the launching cell receives (spec §1.5)."""
+    """Returns the depth-limit refusal the launching cell receives (docs/design/algorithm.md §1.5)."""
     return (f"Not enough budget to launch subagent for goal {goal}. Launching a subagent from depth {depth} would "
             f"exceed the maximum allowed depth of {max_depth}. The maximum depth for hierarchical delegation has "
             "been reached. You should perform the task yourself instead of delegating.")
@@ -62,7 +62,7 @@ class CodeActEpisode(Episode):
         if self.node.parent_id is None:
             task_text = await self.env.observe(self.node.id)
         else:
-            # Built here rather than by the world, whose sub-agent text drops the parent's context (spec §1.1).
+            # Built here rather than by the world, whose sub-agent text drops the parent's context (docs/design/algorithm.md §1.1).
             task_text = task_string(self.node.goal, self.node.max_steps)
         style = self.run.settings.prompt_style
         self.messages = [{"role": "system", "content": system_prompt(style)},
@@ -74,7 +74,7 @@ class CodeActEpisode(Episode):
 
     async def loop_break(self) -> None:
         # The synthetic finish runs as a real cell (so the world records the message) but has no completion:
-        # it produces no datum (spec §1.1).
+        # it produces no datum (docs/design/algorithm.md §1.1).
         code = f"finish({STUCK_MESSAGE!r})"
         turn = Turn(index=len(self.node.turns), prompt_ids=[], completion_ids=[], logprobs=[],
                     policy_version=self.run.settings.policy_version, completion_id=None, code=code,
@@ -156,7 +156,7 @@ class CodeActEpisode(Episode):
         env = env if env is not None else self.env
         start_inventory = await env.add_agent(spec.child_id, spec.targets or {}, self.node.id)
         misc = {"target_items": dict(spec.targets or {}), "initial_inventory": dict(start_inventory)}
-        plan = await env.local_plan(spec.child_id)  # for labels and judges only (spec §1.4)
+        plan = await env.local_plan(spec.child_id)  # for labels and judges only (docs/design/algorithm.md §1.4)
         misc.update({"local_gold_trajectory": plan} if plan is not None else {"local_gold_unavailable": True})
         child = self.run.new_node(spec.child_id, spec.goal, depth=spec.depth, parent_id=self.node.id,
                                   fork_step=len(self.node.turns), max_steps=spec.max_steps, task_misc=misc)

@@ -1,4 +1,4 @@
-"""TextCraft prompt texts (textcraft_synth.md §6.4): the system message and the first user message.
+"""TextCraft prompt texts (docs/design/textcraft.md §6.4): the system message and the first user message.
 
 Our own wording, carrying the spec's information content: the crafting game and its rules of thumb, the delegation
 strategy (delegate intermediates, split independent work, recurse, one group at a time, parallel with

@@ -1,4 +1,4 @@
-"""The TextWorld-Sync agent: one action / inventory / delegate / finish block per turn (textworld_sync.md §10–11).
+"""The TextWorld-Sync agent: one action / inventory / delegate / finish block per turn (docs/design/textworld.md §10–11).
 
 Per turn: observe (stop if the shared world is solved, failed or done), generate, parse with the env's protocol,
 then act: a world step for an action (or an invalid reply's fallback command, which also costs a world step), a

@@ -1,4 +1,4 @@
-"""TextWorld-Sync system prompt (textworld_sync.md §11); the user-turn texts come from envs_py.textworld_sync.messages.
+"""TextWorld-Sync system prompt (docs/design/textworld.md §11); the user-turn texts come from envs_py.textworld_sync.messages.
 
 Our own wording, carrying the spec's information content: who the agent is and its depth; commands come from the
 Valid Actions list; own history and location but a shared world and shared resources; the shared inventory is only

@@ -1,4 +1,4 @@
-"""Context truncation of agent prompts (sera_algorithm.md §1.3).
+"""Context truncation of agent prompts (docs/design/algorithm.md §1.3).
 
 When a rendered prompt is longer than ``max_prompt_tokens``:
 1. keep message 0 (system) and message 1 (the task message) and delete the oldest remaining (assistant, user) pair

@@ -1,4 +1,4 @@
-"""How many task groups a run has in flight (recipes.md §2's quota arithmetic): sizes the engines and bounds
+"""How many task groups a run has in flight (docs/design/recipes.md §2's quota arithmetic): sizes the engines and bounds
 ``training.admission``'s ranks."""
 
 from __future__ import annotations

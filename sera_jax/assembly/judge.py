@@ -7,7 +7,7 @@ from typing import Any
 
 from sera_jax.config import ConfigError, RunConfig
 
-JUDGE_PROMPT_TOKENS = 10240  # recipes.md §1b: the judge's prompt budget
+JUDGE_PROMPT_TOKENS = 10240  # docs/design/recipes.md §1b: the judge's prompt budget
 
 
 def judge_settings(cfg: RunConfig) -> dict[str, Any]:

@@ -78,7 +78,7 @@ RENAMED = {
     "rollout.groups_in_flight": "removed: task groups are admitted one per rank (rollout.tasks_per_step ranks) "
                                 "under the reference's quota, see rollout.max_concurrent_rollouts and "
                                 "method.max_head_offpolicyness; rollout.speculative_groups_per_rank runs more "
-                                "ahead (recipes.md §2)",
+                                "ahead (docs/design/recipes.md §2)",
 }
 
 

@@ -60,13 +60,13 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class MethodSection:
     name: str = "sera"                                # a METHODS label ("SERA w/o D") or slug ("sera_wo_d")
-    stage_schedule: Optional[str] = None              # null = the method's (spec §8)
+    stage_schedule: Optional[str] = None              # null = the method's (docs/design/algorithm.md §8)
     ranking_objective: Optional[Literal["hinge", "order_discrimination"]] = None
     max_head_offpolicyness: Optional[int] = None
     # Execution-stage rejection of all-equal task groups (§5.6); null = the environment's (TC true, TW false).
     execution_filter_zero_variance_groups: Optional[bool] = None
     # Delegation-stage rejection of all-equal task groups (leaf_credit filter); null = the environment's (TC true,
-    # TW false: recipes.md §1b).
+    # TW false: docs/design/recipes.md §1b).
     delegation_filter_zero_variance_groups: Optional[bool] = None
     # Completion caps of the rubric-writing and execution-stage scoring calls; null = the method's (1024 each).
     max_rubric_tokens: Optional[int] = None
@@ -77,7 +77,7 @@ class MethodSection:
     # Counterfactual branches per delegation point and environments per root rollout; null = the method's (8, 16).
     branching_factor: Optional[int] = None
     max_counterfactual_envs_per_rollout: Optional[int] = None
-    # Sampling temperature of the rubric-writing call; null = the method's (1.0, spec §3.5). Scoring stays greedy.
+    # Sampling temperature of the rubric-writing call; null = the method's (1.0, docs/design/algorithm.md §3.5). Scoring stays greedy.
     rubric_temperature: Optional[float] = None
     # Reject rubric-generation task groups without a ranked fork group (see rl.stages.MethodConfig); null = false.
     rubric_filter_unranked_groups: Optional[bool] = None
@@ -111,7 +111,7 @@ class RolloutSection:
     tasks_per_step: int = 8              # accepted task groups per optimizer step = admission ranks (recipes §2)
     trees_per_task: int = 8              # root rollouts per task group (G)
     # The reference's rollout.max_concurrent_rollouts: each rank may run max(1, ⌊x / tasks_per_step⌋) groups, a
-    # cap that binds only when method.max_head_offpolicyness > 0 (recipes.md §2.2); null = tasks_per_step.
+    # cap that binds only when method.max_head_offpolicyness > 0 (docs/design/recipes.md §2.2); null = tasks_per_step.
     max_concurrent_rollouts: Optional[int] = None
     # Extra groups per rank started ahead of the quota and consumed in start order (training/admission.py): not in
     # the reference; a speed setting that changes when a group runs, not which groups are trained.
@@ -149,7 +149,7 @@ class TrainSection:
     out_dir: str = "runs/default"
     deterministic_scheduling: bool = False  # the update never overlaps rollouts (resume gives the same next step)
     # The training task order: its seed (null = seed) and whether each pass reshuffles. The reference's sampler
-    # uses seed 0 and never reshuffles, so every recipe and seed sees one order (recipes.md §1c).
+    # uses seed 0 and never reshuffles, so every recipe and seed sees one order (docs/design/recipes.md §1c).
     data_seed: Optional[int] = None
     reshuffle_each_epoch: bool = True
     max_epochs: int = 10                 # safety bound over the task set
@@ -188,7 +188,7 @@ class EvalSection:
     context_tokens: int = 10240          # TC 10240 / TW 13312
     concurrency: int = 64
     retries: int = 1
-    num_runs: int = 3                    # independent passes over the task set (recipes.md §4: three)
+    num_runs: int = 3                    # independent passes over the task set (docs/design/recipes.md §4: three)
     every: int = 0                       # evaluate every N optimizer steps during training (0 = never)
     best_of_n: int = 1                   # test-time selection (N = 2 in the paper's TextWorld runs; both envs here)
     fork_budget: int = 32

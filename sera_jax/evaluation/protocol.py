@@ -1,5 +1,5 @@
 """``sera-eval``'s runner: the paper's evaluation protocol on a task set, for a run checkpoint, a Hugging Face
-directory or the tiny default (spec sera_algorithm.md §9–10, textworld_sync.md §12).
+directory or the tiny default (spec docs/design/algorithm.md §9–10, docs/design/textworld.md §12).
 
 Protocol, per run: one tree per task at temperature 0 (``eval.temperature``), per-agent step limit
 ``eval.max_steps``, depth ``env.max_depth``, the evaluation prompt/context/completion caps of the ``eval`` section,
@@ -277,7 +277,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
         generator = wrap_generator(generator)
     env = cfg.env.name
     # Test-time selection's rubric and scoring caps: the method section's when set (the tiny default's fit its
-    # 1,024-token context), else the selector's own (1,024 / 512, recipes.md §4).
+    # 1,024-token context), else the selector's own (1,024 / 512, docs/design/recipes.md §4).
     caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
     selection = {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
     pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None

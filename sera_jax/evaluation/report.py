@@ -1,6 +1,6 @@
 """Evaluation arithmetic: per-difficulty and task-weighted overall success, mean ± sample std over runs.
 
-The protocol (spec §9, TextWorld §12): one greedy tree per task; a rollout that raises is retried once and then
+The protocol (docs/design/algorithm.md §9, TextWorld §12): one greedy tree per task; a rollout that raises is retried once and then
 counted as a failure; success rate = successful / scheduled per difficulty; the overall rate is weighted by task
 count, not the mean of the difficulty rates. Repeated runs are reported as mean ± *sample* standard deviation.
 """
@@ -99,7 +99,7 @@ def tree_error(tree) -> str | None:
 
 
 def tree_success(tree) -> bool:
-    """Returns whether the root agent succeeded (programmatic label ≥ 1.0, spec §9) in a tree without error."""
+    """Returns whether the root agent succeeded (programmatic label ≥ 1.0, docs/design/algorithm.md §9) in a tree without error."""
     root = tree.nodes.get(tree.root_id)
     return (tree_error(tree) is None and root is not None
             and float(root.env_labels.get("success", 0.0) or 0.0) >= 1.0)

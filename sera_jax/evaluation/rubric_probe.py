@@ -18,7 +18,7 @@ change:
 Reported (``probe_metrics``), over all (group, sample) pairs: ``rubric_valid`` (the rubric parsed), ``ranked`` (it
 parsed and at least 2 branches got a valid score, with both labels among them: the stage's "ranked" group), and
 over the ranked pairs the stage's own numbers — ``ranking_accuracy`` (success × failure pairs whose success scores
-strictly higher), ``ranking_auc`` (ties count 1/2) and ``hinge_reward`` (the rubric-generation reward, spec §5.2).
+strictly higher), ``ranking_auc`` (ties count 1/2) and ``hinge_reward`` (the rubric-generation reward, docs/design/algorithm.md §5.2).
 ``ranking_accuracy_all`` counts an unranked pair as 0: the share of all pairs a rubric ranked right.
 
 The set is collected once (the starting policy, a fixed ``eval.rubric_probe_seed``) and shared: every method and

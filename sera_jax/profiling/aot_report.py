@@ -8,7 +8,7 @@ from typing import Any
 from sera_jax.profiling import hlo
 from sera_jax.profiling.aot import AotReport
 
-PAPER_SERA_HOURS = 24 + 14 / 60   # the paper's SERA wall time on 2 × 8 H200 (spec/README.md)
+PAPER_SERA_HOURS = 24 + 14 / 60   # the paper's SERA wall time on 2 × 8 H200 (docs/design/README.md)
 GIB = 2**30
 
 

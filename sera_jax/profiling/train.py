@@ -2,7 +2,7 @@
 
 The step is the trainer's own (``trainer.make_train_step`` over ``shard_train_state``, FSDP over the local
 devices), on random weights and synthetic packed datums (``rl.batch.pack_datums`` → ``stack_micro_batches``):
-CISPO, the optax chain of spec §6.3 without warm-up, so every step updates. MFU is defined in
+CISPO, the optax chain of docs/design/algorithm.md §6.3 without warm-up, so every step updates. MFU is defined in
 ``profiling.flops``.
 """
 

@@ -1,4 +1,4 @@
-"""Baselines and weights that turn datum rewards into advantages (spec §5.1–5.6), and the per-task-group
+"""Baselines and weights that turn datum rewards into advantages (docs/design/algorithm.md §5.1–5.6), and the per-task-group
 assembly ``task_group_credit`` (datums + advantages + the zero-variance verdict of §5.6).
 
 Array functions (``loo_advantages``, ``execution_advantages``, ``root_balanced_advantages``, ``depth_weights``,
@@ -81,7 +81,7 @@ def execution_advantages(rewards: Sequence[float], rollout: Sequence[int],
 
 def root_balanced_advantages(rewards: Sequence[float], rollout: Sequence[int], num_rollouts: int) -> np.ndarray:
     """Returns A = r − (Σ_j m_j − m_k)/(G − 1) for each launch datum of rollout k, m_k the mean reward of rollout
-    k's launch datums (0 when it has none), over G = ``num_rollouts`` ≥ 2 root rollouts (spec §5.4)."""
+    k's launch datums (0 when it has none), over G = ``num_rollouts`` ≥ 2 root rollouts (docs/design/algorithm.md §5.4)."""
     if num_rollouts < 2:
         raise ValueError("root-balanced LOO needs at least two root rollouts")
     r = np.asarray(rewards, dtype=np.float64)
@@ -111,7 +111,7 @@ def gamma_depth_weights(depths: Sequence[int], gamma: float) -> np.ndarray:
 
 def is_zero_variance(values: Sequence[float], atol: float = 1e-12) -> bool:
     """Returns True when all values are equal (to ``atol``) — or there are none: such a task group carries no
-    learning signal and is rejected (or marked non-trainable), spec §5.6."""
+    learning signal and is rejected (or marked non-trainable), docs/design/algorithm.md §5.6."""
     a = np.asarray(values, dtype=np.float64)
     return a.size == 0 or float(a.max() - a.min()) <= atol
 
@@ -207,7 +207,7 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
 
     execution: rewards per ``method.execution_reward``, TextCraft error filter, root-reward LOO; a zero-variance
     group is rejected when ``filter_zero_variance`` (default: TextCraft) else kept, trainable, with zero advantages
-    (TextWorld, recipes.md §1b).
+    (TextWorld, docs/design/recipes.md §1b).
     delegation: launch datums (``decode`` required), leaf-coverage reward, ``method.launch_advantage_mode``;
     rejected with G < 2, no launch datum, or all-equal advantages.
     rubric_generation: one datum per ranked fork group, LOO over them; always accepted (with
@@ -223,7 +223,7 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
         reject = env == "textcraft" if filter_zero_variance is None else filter_zero_variance
         if reject and is_zero_variance([d.scalar for d in ds]):
             return GroupCredit([], False)
-        # Kept (TextWorld, recipes.md §1b): an all-equal group stays trainable, its zero advantages count in the
+        # Kept (TextWorld, docs/design/recipes.md §1b): an all-equal group stays trainable, its zero advantages count in the
         # token-mean denominator and it fills its rank's slot.
         return GroupCredit(ds, True)
     if stage == "delegation":

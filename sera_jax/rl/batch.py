@@ -1,4 +1,4 @@
-"""Datums → fixed-shape, packed micro-batches under a token budget (spec §6.1–6.2).
+"""Datums → fixed-shape, packed micro-batches under a token budget (docs/design/algorithm.md §6.1–6.2).
 
 Each datum of L tokens becomes one packed sequence of L − 1 positions (position t predicts token t + 1, so the
 loss mask, advantages and behaviour logprobs are those of the *target* token). Sequences are packed first-fit

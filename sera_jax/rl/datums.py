@@ -1,4 +1,4 @@
-"""Trees → training datums, one function per objective (spec §2).
+"""Trees → training datums, one function per objective (docs/design/algorithm.md §2).
 
 A datum is one training sequence: tokens (prompt and completion), a 0/1 loss mask on the tokens to be predicted,
 the behaviour logprob and policy version of every token (0.0 / −1 on prompt tokens), and a scalar — the reward when
@@ -116,7 +116,7 @@ def execution_datums(tree: Tree, *, mode: str = "rubric", filter_errors: bool = 
 
 def _truncate_after_last(d: Datum) -> Datum:
     # The advantage sits on the final position in the reference trainer; cutting after the last trained token
-    # keeps it (spec §2.2). Our per-token advantages make this harmless either way and it saves tokens.
+    # keeps it (docs/design/algorithm.md §2.2). Our per-token advantages make this harmless either way and it saves tokens.
     last = max(i for i, m in enumerate(d.mask) if m)
     return dataclasses.replace(d, tokens=d.tokens[:last + 1], mask=d.mask[:last + 1],
                                logprobs=d.logprobs[:last + 1], versions=d.versions[:last + 1])
@@ -132,7 +132,7 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: En
     (``decode`` is the tokenizer's decode, special tokens kept), cut after its last masked token. Scalars: the
     leaf-coverage reward R_root·w_e for events, ``invalid_reward`` for attempts that created no child. Events and
     attempts with an empty mask or no completion give no datum. TextWorld emits no invalid-attempt datums
-    (recipes.md §1b, §2): the reference scans for ``launch_subagent`` calls, which a TextWorld reply never holds, so a
+    (docs/design/recipes.md §1b, §2): the reference scans for ``launch_subagent`` calls, which a TextWorld reply never holds, so a
     refused or childless ``<delegate>`` block is not trained in the delegation stage.
     """
     idx = TreeIndex.build(tree)
@@ -170,7 +170,7 @@ def rubric_datums(trees: Sequence[Tree], *, objective: str = "hinge", margin: fl
     """Returns the rubric-generation datums of one task group: one per *ranked* fork group (the fresh rubric
     request's prompt, mask 0, + its whole completion, mask 1), scalar = the group's ranking reward
     (``objective`` "hinge" or "order_discrimination"). With no ranked group at all, one empty placeholder datum
-    flagged non-trainable is returned so the task group still counts (spec §5.6)."""
+    flagged non-trainable is returned so the task group still counts (docs/design/algorithm.md §5.6)."""
     out: list[Datum] = []
     task_id = trees[0].task_id if trees else ""
     for tree in trees:

@@ -1,4 +1,4 @@
-"""Where a completion launched sub-agents: character spans of the launch statements and their tokens (spec §2.2).
+"""Where a completion launched sub-agents: character spans of the launch statements and their tokens (docs/design/algorithm.md §2.2).
 
 The delegation objective trains only the tokens that wrote the launch, so three steps are kept apart here:
 1. ``launch_statement_spans(code)`` — TextCraft: the statements enclosing each ``launch_subagent`` call, found with
@@ -114,7 +114,7 @@ def decoded_prefix_lengths(ids: Sequence[int], decode: Callable[[list[int]], str
 def spans_to_token_mask(spans: Sequence[Span], prefix_lengths: Sequence[int], num_tokens: int) -> list[int]:
     """Returns a 0/1 mask over ``num_tokens`` tokens marking, for each character span [start, end):
     tokens [k0 − 1, k1) with k0 = smallest k whose decoded prefix length ≥ start + 1 and k1 = smallest k whose
-    decoded prefix length ≥ end, at least k0 (spec §2.2). Spans past the decoded text are ignored."""
+    decoded prefix length ≥ end, at least k0 (docs/design/algorithm.md §2.2). Spans past the decoded text are ignored."""
     mask = [0] * num_tokens
     n = len(prefix_lengths) - 1
     for start, end in spans:

@@ -1,4 +1,4 @@
-"""Policy losses on per-token logprobs, registered by name (spec §6).
+"""Policy losses on per-token logprobs, registered by name (docs/design/algorithm.md §6).
 
 Both losses are a sum over loss-masked tokens divided by ``num_tokens``, the number of loss-masked tokens of the
 *whole optimizer step* (all micro-batches, all ranks). Passing that global count to every micro-batch makes the

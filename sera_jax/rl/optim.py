@@ -1,4 +1,4 @@
-"""The optax chain of SERA training (spec §6.3): global-norm clip 1.0, then AdamW with decoupled weight decay.
+"""The optax chain of SERA training (docs/design/algorithm.md §6.3): global-norm clip 1.0, then AdamW with decoupled weight decay.
 
 Defaults: lr 3e-6, weight decay 0.017, β = (0.9, 0.95), ε = 1e-8, constant learning rate after a linear warm-up of
 ``warmup_steps`` (the reference's formula step / warmup, so with one warm-up step the very first update runs at lr 0).

@@ -1,4 +1,4 @@
-"""The three SERA rewards (spec §5.1–5.4): execution, rubric ranking (hinge, Rank+Disc), delegation leaf coverage.
+"""The three SERA rewards (docs/design/algorithm.md §5.1–5.4): execution, rubric ranking (hinge, Rank+Disc), delegation leaf coverage.
 
 Ranking rewards run in jitted jnp over padded groups ([G, B] scores, labels and a validity mask) because the
 rubric stage scores many fork groups at once; the scalar wrappers ``hinge_rank_reward`` / ``rank_disc_reward``

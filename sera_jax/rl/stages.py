@@ -1,4 +1,4 @@
-"""The stage kernel (spec §7) and the method switches (spec §8).
+"""The stage kernel (docs/design/algorithm.md §7) and the method switches (docs/design/algorithm.md §8).
 
 The routing clock is the policy version v (completed optimizer updates; a skipped step does not advance it), so a
 schedule like "execution:16,delegation:2,rubric_generation:2" maps v to (cycle, offset) = divmod(v, 20) and the
@@ -65,7 +65,7 @@ def stage_for_version(version: int, schedule: str = DEFAULT_SCHEDULE) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class MethodConfig:
-    """Every switch that differs between the paper's methods, plus the shared values of spec §8."""
+    """Every switch that differs between the paper's methods, plus the shared values of docs/design/algorithm.md §8."""
 
     name: str
     execution_reward: str                     # "rao" (env success for sub-agents) | "rubric" (policy rubric score)

@@ -87,7 +87,7 @@ def make_request(rid: int, prompt_ids: Sequence[int], params: SamplingParams, ke
         raise ValueError(f"prompt token ids must lie in [0, {vocab_size}), got min {prompt.min()} max {prompt.max()}")
     if len(prompt) >= max_context:
         raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in the engine's context of {max_context} "
-                         "tokens (truncate the prompt, spec §1.3)")
+                         "tokens (truncate the prompt, docs/design/algorithm.md §1.3)")
     if not (math.isfinite(params.temperature) and math.isfinite(params.top_p)):
         raise ValueError(f"temperature and top_p must be finite, got {params.temperature}, {params.top_p}")
     if len(params.stop_ids) > max_stop_ids:

@@ -1,4 +1,4 @@
-"""Rollout admission (recipes.md §2): which task groups a step trains on, and how stale they may be.
+"""Rollout admission (docs/design/recipes.md §2): which task groups a step trains on, and how stale they may be.
 
 The reference runs one rollout executor per trainer rank (8). A rank draws tasks from its own data shard, runs task
 groups within a quota, and hands the trainer B = 1 *accepted* group per update; a rejected group (its stage's filter

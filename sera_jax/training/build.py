@@ -149,7 +149,7 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
                 model_cfg, host_params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
                                                        JUDGE_KV_FRACTION), tokenizer, device=local[0])
         judge = make_judge(env, judge_settings(cfg), generator=judge_engine, tokenizer=tokenizer)
-    # Labels come after a group's trees, j.concurrency requests in flight over all groups (recipes.md §1b, §3):
+    # Labels come after a group's trees, j.concurrency requests in flight over all groups (docs/design/recipes.md §1b, §3):
     # RT branches only of fork groups whose rubric is valid (the judge keeps its retries); sub-agents once each.
     branch_labels = SubagentJudge(judge, concurrency=cfg.judge.concurrency) if tw_rubric_stage else None
     execution_labels = (SubagentJudge(judge, concurrency=cfg.judge.concurrency, max_attempts=1)

@@ -1,11 +1,11 @@
 """The training loop: stage ← kernel(version); trees ← rollouts; datums ← credit; state ← train_step; publish.
 
-One policy version per optimizer step (spec §6.3, §7). For version v the stage kernel names the objective, and the
+One policy version per optimizer step (docs/design/algorithm.md §6.3, §7). For version v the stage kernel names the objective, and the
 step trains one accepted task group (``rollout.trees_per_task`` root trees of one task) per admission rank, as the
-reference's 8 ranks do: ``training/admission.py`` runs the groups under recipes.md §2's quota (a rejected group is
+reference's 8 ranks do: ``training/admission.py`` runs the groups under docs/design/recipes.md §2's quota (a rejected group is
 replaced by the rank's next task; every accepted group is trained; staleness ≤ ``max_head_offpolicyness``, and a
 group the bound lets run across the update keeps generating while the trainer updates). A step with fewer trainable
-datums than ranks (recipes.md §2.7), or with a non-finite loss, is skipped: the version does not advance, its groups
+datums than ranks (docs/design/recipes.md §2.7), or with a non-finite loss, is skipped: the version does not advance, its groups
 are discarded, and the same stage is sampled again.
 
 Everything the loop needs to continue is checkpointed with the state: version, skipped-step count, data order and
@@ -110,7 +110,7 @@ class Loop:
     mesh: Any
     tasks_per_step: int = 8
     stage_tasks_per_step: dict[str, int] = dataclasses.field(default_factory=dict)  # per-stage overrides
-    concurrency: int = 1                              # per rank (recipes.md §2.2 C)
+    concurrency: int = 1                              # per rank (docs/design/recipes.md §2.2 C)
     max_offpolicyness: int = 0                        # versions a trained group may lag (§2.4, §2.5)
     speculative: int = 0                              # extra groups per rank beyond the quota (admission.py)
     token_budget: int = 60_000
@@ -452,7 +452,7 @@ def generation_metrics(before: Sequence[dict[str, int]], after: Sequence[dict[st
 
 
 def token_staleness(groups: Sequence[GroupCredit], version: int) -> dict[str, float]:
-    """Returns how many versions the step's trained tokens lag the version they train (recipes.md §2.4–2.5):
+    """Returns how many versions the step's trained tokens lag the version they train (docs/design/recipes.md §2.4–2.5):
     ``staleness_max`` (0 under max_head_offpolicyness = 0) and the token mean ``staleness_mean``."""
     lags = [version - v for g in groups for d in g.datums if d.trainable
             for v, m in zip(d.versions, d.mask) if m and v >= 0]

@@ -35,7 +35,7 @@ from sera_jax.parallel.rules import TRAIN_RULES, Rules, mesh_spec
 from sera_jax.rl.batch import MicroBatch
 from sera_jax.rl.losses import StepConfig, get_loss
 from sera_jax.sampling import compile_watch
-from sera_jax.sampling.publish import publish  # noqa: F401 - the trainer's publish (DESIGN.md)
+from sera_jax.sampling.publish import publish  # noqa: F401 - the trainer's publish (docs/design/house.md)
 
 
 @flax.struct.dataclass

@@ -25,7 +25,7 @@ def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trai
                 buckets: Sequence[int], row_multiple: int, warmed_micro_batches: Sequence[int] = ()):
     """Returns (stacked micro-batches or None, info): depth-weighted trainable datums packed for ``train_step``,
     their count padded by ``micro_batch_count``; None when the step must be skipped (fewer than ``min_trainable``
-    trainable datums: the reference's 8 ranks, recipes.md §2.7)."""
+    trainable datums: the reference's 8 ranks, docs/design/recipes.md §2.7)."""
     datums = [d for g in groups for d in g.datums]
     trainable = [d for d in datums if d.trainable]
     info = {"datums": len(datums), "trainable_datums": len(trainable)}

@@ -2,7 +2,7 @@
 
 The reference gives each of its 8 trainer ranks a ``DistributedSampler`` shard (rank r takes items r, r + 8, … of a
 shuffled order, dropping the ragged tail) and never calls ``set_epoch``, so every pass repeats the same order
-(recipes.md §1c). ``TaskStream`` does the same with numpy's permutation (torch's is not reproduced: the same seed
+(docs/design/recipes.md §1c). ``TaskStream`` does the same with numpy's permutation (torch's is not reproduced: the same seed
 gives another order), per rank, with an option to reshuffle each pass instead (``train.reshuffle_each_epoch``).
 
 Tasks a rank drew but never trained (a group cancelled at exit, a speculative group cancelled at the end of a step)

@@ -159,7 +159,7 @@ class TextCraftOracle:
             if self.rubric_miss == "vague" and f"gate: {VAGUE_GATE}" in text:
                 return score_text(True, VAGUE_SCORE)  # the same for every child: nothing to rank by
             if self.rubric_miss == "generic" and f"{GENERIC_ITEM}, " in text and f"gate: {VAGUE_GATE}" in text:
-                # The same 0.5 with no success flag (spec §3.4: absent ⇒ success = score > 0). A tiny model taught
+                # The same 0.5 with no success flag (docs/design/algorithm.md §3.4: absent ⇒ success = score > 0). A tiny model taught
                 # '"success": true' for every child of a generic rubric also wrote it over a failure's 0.0 under
                 # a named one, which the parser rejects: 98% of probe fork groups lost their ranking that way.
                 return json.dumps({"final_score": VAGUE_SCORE})

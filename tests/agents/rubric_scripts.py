@@ -27,7 +27,7 @@ def score_text(value, success=None) -> str:
     return json.dumps(obj)
 
 
-# Every malformed rubric of spec §3.2 (with min_items = 2).
+# Every malformed rubric of docs/design/algorithm.md §3.2 (with min_items = 2).
 BAD_RUBRICS = {
     "no_json": "I would grade on quality.",
     "one_item": json.dumps({"rubric_items": [item("a", 1)]}),
@@ -42,7 +42,7 @@ BAD_RUBRICS = {
     "bad_legacy": json.dumps({"criteria": [{"id": "x", "weight": 0.5}]}),
 }
 
-# Every malformed score of spec §3.4.
+# Every malformed score of docs/design/algorithm.md §3.4.
 BAD_SCORES = {
     "false_but_positive": score_text(0.3, False),
     "true_but_zero": score_text(0, True),

@@ -1,4 +1,4 @@
-"""Rubric prompts, parsing and validation, score parsing with the gate rule: the exact vectors of spec §3 and §13."""
+"""Rubric prompts, parsing and validation, score parsing with the gate rule: the exact vectors of docs/design/algorithm.md §3 and §13."""
 
 import json
 

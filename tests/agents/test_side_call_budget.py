@@ -3,7 +3,7 @@ shrinks to context − completion cap, so a long child trajectory is cut by the 
 ("prompt of N tokens leaves no room in the engine's context") — which on the 1,024-token tiny engine made most
 failing children's scores invalid and their trajectories dropped.
 
-The budget itself is the run's agent prompt cap + agent completion cap − the call's own cap (recipes.md §1c):
+The budget itself is the run's agent prompt cap + agent completion cap − the call's own cap (docs/design/recipes.md §1c):
 TextCraft 9,088; TextWorld 12,288 for rubric writing and execution-stage scoring, 12,800 for 512-token scoring."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_budget_is_agent_caps_minus_the_call_cap(tok):
     assert err == "" and len(gen.prompts[0]) <= 336 < call.turn.misc["prompt_full_len"]
 
 
-# The paper recipes (configs/paper, recipes.md §1a/§1b): rubric and execution-stage score calls 1,024 tokens;
+# The paper recipes (configs/paper, docs/design/recipes.md §1a/§1b): rubric and execution-stage score calls 1,024 tokens;
 # rubric-generation-stage score calls 1,024 (TextCraft's launchers) or 512 (TextWorld).
 PAPER = [("textcraft", 9088, 9088, 9088), ("textworld", 12288, 12288, 12800)]
 

@@ -1,4 +1,4 @@
-"""TextWorld sub-agent judge labels (recipes.md §1b, §3): the RAO family's execution labels on real TextWorld trees
+"""TextWorld sub-agent judge labels (docs/design/recipes.md §1b, §3): the RAO family's execution labels on real TextWorld trees
 (a child that completes its own sub-goal while the shared task stays unfinished is rewarded 1 by the judge, not 0 by
 the world check; a failed call takes only that sub-agent out of training; every call reaches the supervision
 metrics; one attempt; a bounded number in flight; judged once), and the rubric-generation stage's deferred branch

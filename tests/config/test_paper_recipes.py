@@ -1,4 +1,4 @@
-"""Every configs/paper/*.yaml against recipes.md §1a (TextCraft), §1b (TextWorld), §1c (shared) and §4 (evaluation):
+"""Every configs/paper/*.yaml against docs/design/recipes.md §1a (TextCraft), §1b (TextWorld), §1c (shared) and §4 (evaluation):
 one row of the table per method, each value the config can express checked here."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checker and oracle of TextWorld-Sync: PASS only when every dish is exactly prepared and eaten (spec §9)."""
+"""Checker and oracle of TextWorld-Sync: PASS only when every dish is exactly prepared and eaten (docs/design/algorithm.md §9)."""
 
 import random
 

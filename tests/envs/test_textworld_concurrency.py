@@ -1,4 +1,4 @@
-"""Shared-state concurrency, atomic commits, snapshot / fork / commit and the state digest (spec §6)."""
+"""Shared-state concurrency, atomic commits, snapshot / fork / commit and the state digest (docs/design/algorithm.md §6)."""
 
 import asyncio
 import random

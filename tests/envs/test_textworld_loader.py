@@ -1,4 +1,4 @@
-"""Loading the official TextWorld-Sync records in every form (spec §2)."""
+"""Loading the official TextWorld-Sync records in every form (docs/design/algorithm.md §2)."""
 
 import json
 
@@ -98,7 +98,7 @@ def test_world_factory_accepts_every_task_form():
 
 
 def test_public_api_names():
-    from envs_py.textworld_sync import generate_tasks, load_tasks as lt  # noqa: F401  (DESIGN.md names)
+    from envs_py.textworld_sync import generate_tasks, load_tasks as lt  # noqa: F401  (docs/design/house.md names)
     t = lt("sample")[0]
     assert t.task_id == "cookingworld_multidish_test_multi_dish_fork_join_easy_0000" and t.difficulty == "easy"
     assert t.seed == 820000 and t.max_steps == 116 and t.family == "multi_dish_fork_join"

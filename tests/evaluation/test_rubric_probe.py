@@ -57,7 +57,7 @@ def _group(scores, labels, rubric=True):
 
 def test_probe_metrics_follow_the_ranking_definitions():
     t, f = True, False
-    spec = _group([0.9, 0.5, 0, 0.4, 0, 0, 0, 0], [t, t, f, f, f, f, f, f])   # spec §5.2's example
+    spec = _group([0.9, 0.5, 0, 0.4, 0, 0, 0, 0], [t, t, f, f, f, f, f, f])   # docs/design/algorithm.md §5.2's example
     tie = _group([0.5] * 4, [t, f, f, t])                                       # a vague rubric: all ties
     invalid = _group([None] * 4, [t, f, f, t], rubric=False)
     one_score = _group([0.9, None, None, None], [t, f, f, f])                  # < 2 valid scores: not ranked

@@ -1,4 +1,4 @@
-"""Baselines and weights (spec §5.1–5.6): §13 vectors and properties."""
+"""Baselines and weights (docs/design/algorithm.md §5.1–5.6): §13 vectors and properties."""
 
 from __future__ import annotations
 

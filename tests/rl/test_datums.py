@@ -1,4 +1,4 @@
-"""Trees → datums (spec §2), including the §5.4 delegation example end to end with a real tokenizer."""
+"""Trees → datums (docs/design/algorithm.md §2), including the §5.4 delegation example end to end with a real tokenizer."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def _delegate_turn(bpe, index, goal="open the chest"):
 
 
 def test_textworld_delegation_emits_no_invalid_attempt_datums(bpe, decode):
-    """TextWorld (recipes.md §1b, §2): a delegate block that created no child (a refusal at the depth limit) gives
+    """TextWorld (docs/design/recipes.md §1b, §2): a delegate block that created no child (a refusal at the depth limit) gives
     no datum; the launch event still does. TextCraft keeps its invalid-attempt datums (§5.4)."""
     t = tree("t", [node("root", turns=[_delegate_turn(bpe, 0), _delegate_turn(bpe, 1)], success=1.0),
                    node("c", parent="root", fork_step=0, depth=1, turns=[_delegate_turn(bpe, 0)])])

@@ -1,4 +1,4 @@
-"""CISPO and the plain policy-gradient loss (spec §6): §13 vector, exact gradients, micro-batch invariance."""
+"""CISPO and the plain policy-gradient loss (docs/design/algorithm.md §6): §13 vector, exact gradients, micro-batch invariance."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rewards (spec §5.1–5.4): §13 vectors, skip rules, hinge properties, padded kernels, leaf coverage."""
+"""Rewards (docs/design/algorithm.md §5.1–5.4): §13 vectors, skip rules, hinge properties, padded kernels, leaf coverage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage kernel (spec §7) and method switches (spec §8)."""
+"""Stage kernel (docs/design/algorithm.md §7) and method switches (docs/design/algorithm.md §8)."""
 
 from __future__ import annotations
 

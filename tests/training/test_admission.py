@@ -1,4 +1,4 @@
-"""Rollout admission (recipes.md §2): one group per rank, every admitted group trained, no speed bias, staleness
+"""Rollout admission (docs/design/recipes.md §2): one group per rank, every admitted group trained, no speed bias, staleness
 bounded by max_head_offpolicyness with pipelining across the update; and the per-rank task stream."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ env handle (``fork`` / ``commit`` for branches) and ``start_child(spec, env=None
 child on the given env (default: the shared world) and runs its whole episode (inside a ``Lockstep`` group when a
 gate is given).
 
-``DefaultLauncher`` (spec §1.4 "default") runs the children concurrently on the shared world — in deterministic
+``DefaultLauncher`` (docs/design/algorithm.md §1.4 "default") runs the children concurrently on the shared world — in deterministic
 mode a group launched together runs in lockstep ticks — and returns them. Strategies of the next stages plug in
 here without touching the loops: a rubric coordinator wraps ``DefaultLauncher`` (write a rubric before, score after); a
 counterfactual collector forks ``req.env`` B times, runs ``start_child(spec, env=branch)`` on each, commits branch 0
@@ -78,7 +78,7 @@ class Launcher(Protocol):
 
 
 class DefaultLauncher:
-    """Runs every requested child on the shared world and returns them (spec §1.4 default launcher)."""
+    """Runs every requested child on the shared world and returns them (docs/design/algorithm.md §1.4 default launcher)."""
 
     kind = "default"
 

@@ -1,4 +1,4 @@
-"""Test-time selection among N candidate subtrees per delegation (spec §10), for both environments (the reference
+"""Test-time selection among N candidate subtrees per delegation (docs/design/algorithm.md §10), for both environments (the reference
 allows it only for TextWorld; nothing in the method is TextWorld-specific, so TextCraft gets it too).
 
 At each delegation, for each requested child in order (several goals of one delegate block are resolved one after

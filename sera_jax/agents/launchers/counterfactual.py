@@ -1,4 +1,4 @@
-"""The counterfactual collector of the rubric-generation stage (spec §4, §3.6 second half, §12.2, §12.6).
+"""The counterfactual collector of the rubric-generation stage (docs/design/algorithm.md §4, §3.6 second half, §12.2, §12.6).
 
 Per root rollout an environment budget: ``created`` starts at 1 (the root's world), the maximum is 16. At each
 delegation, if ``created`` ≥ 16 the child runs as under the default launcher; otherwise a whole group of 8 is
@@ -32,7 +32,7 @@ here, so its text can also end in a special token (e.g. ``<|im_end|>`` where a T
 Depth: the runtime refuses a launch beyond the depth limit before any launcher runs, with the default launcher's
 refusal text (the reference's collector words it differently); no group is reserved for a refused launch.
 
-Concurrent launches from one TextCraft cell (``asyncio.gather``, spec §14): in deterministic mode the runtime
+Concurrent launches from one TextCraft cell (``asyncio.gather``, docs/design/algorithm.md §14): in deterministic mode the runtime
 serialises launches of one parent (``TreeRun.sibling_order``), so they are handled one after another. Otherwise
 they overlap as in the reference: each takes its own reservation in call order (so a sibling may get a group while a
 later one falls back to a plain shared-world child), every group forks the world as it is when it starts, and a
@@ -71,7 +71,7 @@ INPUTS_KEY = "fork_group_inputs"
 
 
 def collector_text(branch0: Node | None, collected: int) -> str:
-    """Returns what the parent is told after a fork group (spec §1.5, counterfactual collector)."""
+    """Returns what the parent is told after a fork group (docs/design/algorithm.md §1.5, counterfactual collector)."""
     msg = (branch0.finish_message or branch0.error_message) if branch0 is not None else None
     msg = msg or "Subagent branch 0 completed."
     return f"{msg}\n\nSelected branch: 0; counterfactual branches collected: {collected}.\n"
@@ -167,7 +167,7 @@ class CounterfactualCollector:
     async def _label(self, node: Node, parent_goal: str) -> bool | None:
         try:
             label = await self.judge.label(node, parent_goal)
-        except Exception as e:  # noqa: BLE001  (judge failure → branch excluded, spec §4)
+        except Exception as e:  # noqa: BLE001  (judge failure → branch excluded, docs/design/algorithm.md §4)
             node.misc["label_error"] = f"{type(e).__name__}: {e}"
             return None
         # What the label cost is kept with it, so step metrics can sum the supervision spent from the records.

@@ -1,4 +1,4 @@
-"""Which launcher a tree gets, by stage and method (spec §1.4, §7, §8, §10), and the after-tree step they need.
+"""Which launcher a tree gets, by stage and method (docs/design/algorithm.md §1.4, §7, §8, §10), and the after-tree step they need.
 
 How train.py uses it for one policy version::
 

@@ -1,4 +1,4 @@
-"""The execution-stage rubric coordinator (spec §1.4 "rubric coordinator", §3, §3.6–3.7).
+"""The execution-stage rubric coordinator (docs/design/algorithm.md §1.4 "rubric coordinator", §3, §3.6–3.7).
 
 At every delegation, for each requested child: the rubric request (temperature 1.0, 1,024 tokens) is started as a
 task *before* the child starts, from the parent's pre-delegation conversation, its delegating action, the observable
@@ -14,7 +14,7 @@ An invalid rubric or score follows ``failure_policy``: ``drop_trajectory`` (defa
 ``skip_gradient_update``; ``skip_rollout`` also marks the whole tree (``tree.misc["skip_rollout"]``, and
 ``usable_trees`` leaves it out); ``fallback_binary`` keeps the env reward as the child's score.
 
-The rubric writer sees (recipes.md §3) the parent's messages before the delegating reply, that whole raw reply
+The rubric writer sees (docs/design/recipes.md §3) the parent's messages before the delegating reply, that whole raw reply
 (``LaunchRequest.parent_action``: TextCraft thought + code, TextWorld the reply text with its delegate block — the
 same text the rubric-generation stage shows), the observable state, the child's goal, the environment's child tools
 and the budget the delegation asked for.
@@ -52,7 +52,7 @@ def env_value(node: Node) -> float:
 
 
 def apply_score(node: Node, score: Score, rubric: dict) -> None:
-    """Writes a valid score onto a sub-agent as spec §3.7 says (its reward becomes the score)."""
+    """Writes a valid score onto a sub-agent as docs/design/algorithm.md §3.7 says (its reward becomes the score)."""
     original = env_value(node)
     node.rubric_score = RubricScore(score=score.value, success=score.success, original_binary_reward=original,
                                     rubric=rubric, score_payload=score.payload)
@@ -64,7 +64,7 @@ def apply_score(node: Node, score: Score, rubric: dict) -> None:
 
 
 def apply_failure(tree: Tree, node: Node, policy: str, reason: str, rubric: dict | None) -> None:
-    """Applies a failure policy to a child whose rubric or score is invalid (spec §3.6)."""
+    """Applies a failure policy to a child whose rubric or score is invalid (docs/design/algorithm.md §3.6)."""
     node.misc["rubric_failure"] = reason
     if policy == "fallback_binary":
         original = env_value(node)

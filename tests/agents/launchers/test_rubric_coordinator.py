@@ -83,7 +83,7 @@ def test_valid_rubric_and_score_textcraft(tc_task, tok):
     assert tree.root.turns[1].output.startswith("made\n\nBudget used by subagent: 1/20 steps.")
     times = {name: (t0, t1) for name, t0, t1, _ in gen.log}
     assert times["root@2"][0] < times[f"score:{TC_CHILD}@0"][1]
-    # The rubric request started before the child's first turn; sampling per spec §3.5.
+    # The rubric request started before the child's first turn; sampling per docs/design/algorithm.md §3.5.
     assert times[f"rubric:{TC_CHILD}@0"][0] <= times[f"{TC_CHILD}@0"][0]
     params = {name: p for name, _, _, p in gen.log}
     assert params[f"rubric:{TC_CHILD}@0"].temperature == 1.0 and params[f"rubric:{TC_CHILD}@0"].max_new_tokens == 1024

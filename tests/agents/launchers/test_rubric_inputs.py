@@ -1,4 +1,4 @@
-"""What the rubric writer sees of one delegation in both training stages (recipes.md §3), driven through the launcher
+"""What the rubric writer sees of one delegation in both training stages (docs/design/recipes.md §3), driven through the launcher
 factory as training uses it: the execution stage (RubricCoordinator, at the launch) and the rubric-generation stage
 (CounterfactualCollector, after the tree) show the *same* parent reply — TextCraft thought + code (``</python>``
 appended when the reply lacks it), TextWorld the whole raw reply (free text and the delegate block); the child tools
