@@ -17,13 +17,13 @@ import signal
 import struct
 import sys
 # Modules a cell may import; all loaded now, since nothing can be opened after the lockdown.
-import bisect, collections, collections.abc, copy, dataclasses, datetime, decimal, enum, fractions  # noqa: E401
-import functools, heapq, itertools, math, operator, random, re, statistics, string, textwrap, time  # noqa: E401
-import typing  # noqa: E402
+import bisect, collections, collections.abc, copy, dataclasses, datetime, decimal, enum, fractions  # noqa: E401, F401
+import functools, heapq, itertools, math, operator, random, re, statistics, string, textwrap, time  # noqa: E401, F401
+import typing  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sandbox_jail as jail  # noqa: E402
-from sandbox_cell_code import format_exception, precheck  # noqa: E402
+import sandbox_jail as jail
+from sandbox_cell_code import format_exception, precheck
 
 ALLOWED_IMPORTS = {"bisect", "collections", "collections.abc", "copy", "dataclasses", "datetime", "decimal", "enum",
                    "fractions", "functools", "heapq", "itertools", "math", "operator", "pprint", "random", "re",

@@ -36,12 +36,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from sera_jax.model import Qwen3Config, init_params, save_pretrained  # noqa: E402
-from sera_jax.profiling.flops import decode_flops  # noqa: E402
-from sera_jax.sampling import Engine, EngineConfig, SamplingParams  # noqa: E402
+from sera_jax.model import Qwen3Config, init_params, save_pretrained
+from sera_jax.profiling.flops import decode_flops
+from sera_jax.sampling import Engine, EngineConfig, SamplingParams
 
 
 def bench_config(quick: bool) -> Qwen3Config:

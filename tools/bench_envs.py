@@ -14,8 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_textcraft  # noqa: E402
-import bench_textworld  # noqa: E402
+import bench_textcraft
+import bench_textworld
 
 
 def _key(env: str, metric: str) -> str:

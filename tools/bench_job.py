@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 COUNTERS = ("generated_tokens", "prefill_tokens", "cached_tokens", "decode_calls", "decode_live_rows",
             "decode_batch_rows", "prefill_calls", "stop_unconfirmed")
@@ -97,7 +97,7 @@ def replay(engine, plans, concurrency: int, vocab: int, seed: int) -> float:
 
     async def child(plan: dict, kid: str, scoring: list) -> None:
         calls = plan["agents"][kid]["calls"]
-        fresh = lambda k: rs.randint(0, vocab, calls[k][0]).tolist()  # noqa: E731
+        fresh = lambda k: rs.randint(0, vocab, calls[k][0]).tolist()
         rubric = asyncio.ensure_future(call(fresh("rubric"), calls["rubric"][1])) if "rubric" in calls else None
         await agent(plan, kid, scoring)
         if rubric is not None:

@@ -22,14 +22,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from sera_jax.kernels import flash_attention  # noqa: E402
-from sera_jax.kernels.flash_attention import Tiles, default_tiles  # noqa: E402
-from sera_jax.kernels.paged_attention import paged_attention as paged_kernel  # noqa: E402
-from sera_jax.model.qwen3 import dense_attention  # noqa: E402
+from sera_jax.kernels import flash_attention
+from sera_jax.kernels.flash_attention import Tiles, default_tiles
+from sera_jax.kernels.paged_attention import paged_attention as paged_kernel
+from sera_jax.model.qwen3 import dense_attention
 
 HBM_TBPS = 4.8
 # --tiny is compile-bound (interpret-mode kernels on CPU): XLA's lowest backend optimisation level halves that.

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from envs_py.sandbox import Sandbox, Zygote  # noqa: E402
+from envs_py.sandbox import Sandbox, Zygote
 
 TICK = os.sysconf("SC_CLK_TCK")
 CELL = "import random, collections\nx = collections.Counter(random.choice('ab') for _ in range(100))\nprint(x['a'] > 0)"

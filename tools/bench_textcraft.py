@@ -13,8 +13,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from envs_py.sandbox import Limits  # noqa: E402
-from envs_py.textcraft import TextCraftSession, TextCraftWorld, load_tasks, official_recipes  # noqa: E402
+from envs_py.sandbox import Limits
+from envs_py.textcraft import TextCraftSession, TextCraftWorld, load_tasks, official_recipes
 
 
 def _rich_world() -> TextCraftWorld:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs_py.textworld_sync import Coordinator, load_tasks, make_world  # noqa: E402
+from envs_py.textworld_sync import Coordinator, load_tasks, make_world
 
 TARGET_ACTIONS_PER_S = 20_000
 TARGET_FORK_US = 50.0

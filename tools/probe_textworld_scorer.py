@@ -31,19 +31,19 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
+import jax
 
-from sera_jax.agents.judge import make_judge  # noqa: E402
-from sera_jax.agents.records import read_jsonl  # noqa: E402
-from sera_jax.agents.rubric import parse_rubric  # noqa: E402
-from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node  # noqa: E402
-from sera_jax.assembly.judge import judge_settings  # noqa: E402
-from sera_jax.assembly.settings import runtime_settings  # noqa: E402
-from sera_jax.config import load_config  # noqa: E402
-from sera_jax.evaluation.protocol import eval_engine_config, load_policy  # noqa: E402
-from sera_jax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
-from sera_jax.sampling import Engine  # noqa: E402
-from sera_jax.warmstart.textworld_oracle import eaten_dishes, rubric_text  # noqa: E402
+from sera_jax.agents.judge import make_judge
+from sera_jax.agents.records import read_jsonl
+from sera_jax.agents.rubric import parse_rubric
+from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node
+from sera_jax.assembly.judge import judge_settings
+from sera_jax.assembly.settings import runtime_settings
+from sera_jax.config import load_config
+from sera_jax.evaluation.protocol import eval_engine_config, load_policy
+from sera_jax.parallel.mesh import MeshConfig, make_mesh
+from sera_jax.sampling import Engine
+from sera_jax.warmstart.textworld_oracle import eaten_dishes, rubric_text
 
 _LINE = re.compile(r"- (dish_\d+): (\d+)/(\d+) ingredients prepared, meal_prepared=(\w+), meal_eaten=(\w+)")
 

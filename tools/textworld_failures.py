@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sera_jax.agents.records import read_jsonl  # noqa: E402
-from sera_jax.warmstart.textworld_oracle import dish_specs, ingredient_names, next_action, prompt_view  # noqa: E402
+from sera_jax.agents.records import read_jsonl
+from sera_jax.warmstart.textworld_oracle import dish_specs, ingredient_names, next_action, prompt_view
 
 MODES = ("root acted alone", "root stuck after its sub-agents returned", "other")
 _ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL)

@@ -64,7 +64,7 @@ def parse_reply(text: object) -> Reply:
     """Returns the Reply parsed from one model response; malformed input gives kind 'invalid' with an error text."""
     try:
         return _parse(str(text) if text is not None else "")
-    except Exception as exc:  # untrusted input must never crash the runner
+    except Exception as exc:  # noqa: BLE001  (untrusted input must never crash the runner)
         return Reply(kind="invalid", error=f"Invalid response: could not be parsed ({type(exc).__name__}). "
                                            + FORMAT_HINT)
 

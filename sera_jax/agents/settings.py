@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sera_jax.agents.env_name import ENV_NAMES, TEXTCRAFT, TEXTWORLD, EnvName  # noqa: F401 (re-exported)
+from sera_jax.agents.env_name import ENV_NAMES, TEXTCRAFT, TEXTWORLD, EnvName
 from sera_jax.sampling.types import SamplingParams
 
 STUCK_MESSAGE = "Stuck in a loop, terminating early."

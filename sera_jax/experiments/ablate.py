@@ -346,7 +346,7 @@ def ablate(paths: Sequence[str], overrides: Sequence[str], methods: Sequence[str
                 t0 = time.monotonic()
                 try:
                     summary = asyncio.run(run(cfg, out_dir=run_dir, log=log))
-                except Exception as e:  # one failed run (e.g. NoTrainableData) is reported, the sweep goes on
+                except Exception as e:  # noqa: BLE001  (one failed run, e.g. NoTrainableData, is reported; the sweep goes on)
                     failures.append({"method": m, "seed": seed, "error": f"{type(e).__name__}: {e}"})
                     log(f"ablate: {m} seed {seed} FAILED: {type(e).__name__}: {e} (rerun the command to retry it)")
                     run_dir.mkdir(parents=True, exist_ok=True)

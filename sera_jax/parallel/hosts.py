@@ -99,7 +99,7 @@ def start_distributed(*, init_timeout_s: int | None = None) -> bool:
     try:
         jax.distributed.initialize(addr, num, pid, initialization_timeout=timeout,
                                    heartbeat_timeout_seconds=heartbeat_timeout_s())
-    except Exception as e:  # noqa: BLE001 - jaxlib raises its own runtime error types
+    except Exception as e:
         if "backend" in str(e).lower() and "before" in str(e).lower():
             raise  # a programming error: something touched the backend first
         raise DistributedError(f"process {pid} of {num} could not join the job at {addr} within {timeout} s "

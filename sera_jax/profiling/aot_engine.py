@@ -122,7 +122,7 @@ def compile_engine(model_cfg: Qwen3Config, engine: EngineConfig, device: Any, *,
             compiled = low.compile()
             programs.append(CompiledProgram(f"{kind}{list(shape)}", time.perf_counter() - t0, memory_of(compiled),
                                             compiled.as_text(), compiled if keep_executables else None))
-    nbytes = lambda tree: sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    nbytes = lambda tree: sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
     return EngineCompile(engine, programs, nbytes(params), nbytes(pool), nbytes(state))
 
 

@@ -58,7 +58,7 @@ def peak_memory_bytes(devices) -> int | None:
     for d in devices:
         try:
             stats = d.memory_stats() or {}
-        except Exception:  # some backends raise instead of returning None
+        except Exception:  # noqa: BLE001  (some backends raise instead of returning None)
             stats = {}
         if "peak_bytes_in_use" in stats:
             peaks.append(int(stats["peak_bytes_in_use"]))

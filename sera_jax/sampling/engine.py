@@ -248,7 +248,7 @@ class Engine:
                     if not dispatched and not pending and not self._inbox.qsize():
                         self._wake.wait(timeout=1.0)
                         self._wake.clear()
-        except BaseException as e:  # a driver failure must reach every waiting coroutine, not vanish in a thread
+        except BaseException as e:  # noqa: BLE001  (a driver failure must reach every waiting coroutine)
             self._error = e
         with self._lock:
             err = EngineError("the engine's driver failed" if self._error else "the engine was closed")

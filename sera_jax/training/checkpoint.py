@@ -150,7 +150,7 @@ class Checkpointer:
         version = self.latest() if version is None else version
         if version is None:
             raise MissingPath(f"no checkpoint in {self.directory}")
-        as_struct = lambda t: jax.tree.map(ocp.utils.to_shape_dtype_struct, t)  # noqa: E731
+        as_struct = lambda t: jax.tree.map(ocp.utils.to_shape_dtype_struct, t)
         out = self.manager.restore(version, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(as_struct(like.params)),
             optimizer=ocp.args.StandardRestore(as_struct(_optimizer_part(like))), meta=ocp.args.JsonRestore()))

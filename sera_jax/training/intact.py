@@ -73,7 +73,7 @@ def restore_newest_intact(versions: list[int], read: Callable[[int], T], *, dire
             out = read(v)
         except (KeyboardInterrupt, SystemExit, MemoryError, UserError):
             raise  # a user's mistake (another architecture) is not a torn file
-        except Exception as e:  # noqa: BLE001 - orbax/TensorStore raise plain Exception, ValueError, OSError
+        except Exception as e:
             _quiet_orbax_leftovers()
             line = f"checkpoint version {v} is unreadable: {_reason(e, f'{directory}/{v}')}"
             rest = order[i + 1:]

@@ -121,8 +121,8 @@ class SharedStep:
         """Returns the step's reduced figures for the record: sums of counts, the trees' scalars over every
         process's trees, advantages after step-scope re-basing, generation sums, the slowest process's wall times,
         and each process's own generation figures under ``process/<i>/``."""
-        from sera_jax.training.loop import generation_metrics  # noqa: PLC0415 - the loop imports this module
-        from sera_jax.training.stats import tree_metrics  # noqa: PLC0415
+        from sera_jax.training.loop import generation_metrics
+        from sera_jax.training.stats import tree_metrics
 
         out: dict[str, Any] = {"groups_accepted": self.groups, "processes": len(self.figures)}
         for k in SUMMED_STATS:
@@ -135,7 +135,7 @@ class SharedStep:
             values = np.asarray([s for s, _ in scalars], np.float64)
             rebase = [i for i, (_, r) in enumerate(scalars) if r]
             if rubric_step_scope and rebase:
-                from sera_jax.rl.baselines import loo_advantages  # noqa: PLC0415
+                from sera_jax.rl.baselines import loo_advantages
 
                 pool, _ = self.rubric_pool(0)
                 values[rebase] = sign * np.asarray(loo_advantages(pool, [0] * len(pool)), np.float64)

@@ -152,7 +152,7 @@ def train_step(state: TrainState, batch: MicroBatch, *, model_cfg: Qwen3Config, 
     safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
     updates, new_opt = tx.update(safe_grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
-    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=pick(new_params, state.params),
                            opt_state=pick(new_opt, state.opt_state))
     tokens = jnp.maximum(stats["tokens"], 1.0)

@@ -9,7 +9,6 @@ One run directory is reused through the steps of the first test; the subprocesse
 import json
 import re
 import os
-import shutil
 import signal
 import subprocess
 import sys

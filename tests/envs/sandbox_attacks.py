@@ -22,8 +22,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from envs_py.sandbox import Limits  # noqa: E402
-from envs_py.textcraft import TextCraftSession, load_tasks  # noqa: E402
+from envs_py.sandbox import Limits
+from envs_py.textcraft import TextCraftSession, load_tasks
 
 LIMITS = Limits(cpu_s=1.0, wall_s=2.0, grace_s=1.0, memory_mb=512, output_chars=4000)
 # The audit hook switched off and libc in hand: what a determined cell has (the in-process layers do not count).

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from envs_py.sandbox import Limits, Sandbox, SandboxRefused, layer_report
+from envs_py.sandbox import Limits, Sandbox, layer_report
 from envs_py.sandbox_protocol import MAX_ENTRIES, check_frame, decode_value
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sandbox_attacks import CELLS  # noqa: E402
+from sandbox_attacks import CELLS
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).parent / "sandbox_attacks.py"

@@ -126,7 +126,7 @@ def test_masked_logprobs_skip_chunks_without_loss_tokens():
     mask[1, 4:8] = 1
     mask = jnp.asarray(mask)
     h = jnp.where(mask[..., None] > 0, h, jnp.nan)
-    loss = lambda h, u, m: jnp.sum(chunked_logprobs(h, u, y, 4, m))  # noqa: E731
+    loss = lambda h, u, m: jnp.sum(chunked_logprobs(h, u, y, 4, m))
     value, (g_h, g_u) = jax.value_and_grad(loss, argnums=(0, 1))(h, u, mask)
     assert np.isfinite(float(value)) and np.isfinite(np.asarray(g_u)).all()
     assert np.isfinite(np.asarray(g_h)[np.asarray(mask) > 0]).all()

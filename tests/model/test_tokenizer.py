@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from sera_jax.model.tokenizer import (
-    CHATML_SYMBOLS, Tokenizer, load_tokenizer, render_chatml, train_sentencepiece,
+    CHATML_SYMBOLS, Tokenizer, load_tokenizer, render_chatml,
 )
 
 try:  # tests/model may or may not become a package

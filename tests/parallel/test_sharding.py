@@ -164,7 +164,7 @@ def test_output_head_keeps_rows_split_and_moves_no_logits():
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (8, 48)), jnp.int32)
     targets = jnp.roll(tokens, -1, axis=1)
     mask = jnp.asarray(rng.random((8, 48)) < 0.4, jnp.int32)
-    loss = lambda p, t, y, m: token_logprobs(p, cfg, t, y, mask_BT=m).sum() / m.sum()  # noqa: E731
+    loss = lambda p, t, y, m: token_logprobs(p, cfg, t, y, mask_BT=m).sum() / m.sum()
     ref_loss, ref_grad = jax.value_and_grad(loss)(params, tokens, targets, mask)
 
     fsdp = make_mesh(MeshConfig(data=1, fsdp=8, tensor=1))

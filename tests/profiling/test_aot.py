@@ -20,12 +20,12 @@ try:
 except targets.MissingCudaPlugin as e:  # the README's test command installs it; a bare `.[test]` does not
     pytest.skip(f"no CUDA plugin for the deviceless compile: {e}", allow_module_level=True)
 
-from sera_jax.assembly.engines import engine_config  # noqa: E402
-from sera_jax.config import load_config  # noqa: E402
-from sera_jax.model import abstract_params  # noqa: E402
-from sera_jax.parallel.mesh import make_mesh  # noqa: E402
-from sera_jax.profiling import aot, aot_engine, aot_kernels, aot_step, hlo  # noqa: E402
-from sera_jax.rl.optim import make_optimizer  # noqa: E402
+from sera_jax.assembly.engines import engine_config
+from sera_jax.config import load_config
+from sera_jax.model import abstract_params
+from sera_jax.parallel.mesh import make_mesh
+from sera_jax.profiling import aot, aot_engine, aot_kernels, aot_step, hlo
+from sera_jax.rl.optim import make_optimizer
 
 # The paper's TextCraft SERA recipe at a small model: 2 hosts x 4 GPUs, FSDP within a host, data across.
 SMALL = ["model.preset=tiny", "model.hf_dir=null", "model.dtype=bfloat16", "mesh.data=2", "mesh.fsdp=4",

@@ -151,7 +151,7 @@ def test_speculative_groups_change_when_not_which(ofp):
     b, _ = _admission(spec, ranks=2, max_offpolicyness=ofp, speculative=2)
     want = asyncio.run(_steps(a, 2, steps=6))
     got = asyncio.run(_steps(b, 2, steps=6))
-    per_rank = lambda out: collections.Counter((g.rank, g.task_index) for _, gs, _ in out for g in gs)  # noqa: E731
+    per_rank = lambda out: collections.Counter((g.rank, g.task_index) for _, gs, _ in out for g in gs)
     assert per_rank(got) == per_rank(want)
     assert all(v - g.start_version <= ofp for v, gs, _ in got for g in gs)
     assert spec.max_running > plain.max_running                      # they did run ahead

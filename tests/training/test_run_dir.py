@@ -6,12 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from sera_jax.config import UserError
