@@ -165,7 +165,8 @@ class PoolTextWorldEnv:
         return await self.pool.call(self.pool_tree_id, "digest")
 
     async def state(self) -> dict:
-        """Returns the world's object tree (docs/design/algorithm.md §8), the observable state for rubric writers and judges."""
+        """Returns the world's object tree (docs/design/textworld.md §8), the observable state for rubric writers and
+        judges."""
         return await self.pool.call(self.pool_tree_id, "get_object_tree")
 
     async def fork(self) -> "PoolTextWorldEnv":
@@ -210,7 +211,7 @@ class LocalTextWorldEnv:
         return self.coordinator.digest()
 
     async def state(self) -> dict:
-        """Returns the world's object tree (docs/design/algorithm.md §8)."""
+        """Returns the world's object tree (docs/design/textworld.md §8)."""
         return self.coordinator.get_object_tree()
 
     async def fork(self) -> "LocalTextWorldEnv":

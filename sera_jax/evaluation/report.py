@@ -1,6 +1,6 @@
 """Evaluation arithmetic: per-difficulty and task-weighted overall success, mean ± sample std over runs.
 
-The protocol (docs/design/algorithm.md §9, TextWorld §12): one greedy tree per task; a rollout that raises is retried once and then
+The protocol (docs/design/algorithm.md §9, docs/design/textworld.md §12): one greedy tree per task; a rollout that raises is retried once and then
 counted as a failure; success rate = successful / scheduled per difficulty; the overall rate is weighted by task
 count, not the mean of the difficulty rates. Repeated runs are reported as mean ± *sample* standard deviation.
 """

@@ -1,4 +1,5 @@
-"""Tool semantics and exact messages (docs/design/algorithm.md §7); bad input never raises and never changes the inventory."""
+"""Tool semantics and exact messages (docs/design/textcraft.md §7); bad input never raises and never changes the
+inventory."""
 
 from envs_py.textcraft import official_recipes
 from envs_py.textcraft import tools as T

@@ -1,4 +1,5 @@
-"""Checker and oracle of TextWorld-Sync: PASS only when every dish is exactly prepared and eaten (docs/design/algorithm.md §9)."""
+"""Checker and oracle of TextWorld-Sync: PASS only when every dish is exactly prepared and eaten
+(docs/design/textworld.md §9)."""
 
 import random
 

@@ -1,4 +1,5 @@
-"""Shared-state concurrency, atomic commits, snapshot / fork / commit and the state digest (docs/design/algorithm.md §6)."""
+"""Shared-state concurrency, atomic commits, snapshot / fork / commit and the state digest
+(docs/design/textworld.md §6)."""
 
 import asyncio
 import random

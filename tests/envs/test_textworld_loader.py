@@ -1,4 +1,4 @@
-"""Loading the official TextWorld-Sync records in every form (docs/design/algorithm.md §2)."""
+"""Loading the official TextWorld-Sync records in every form (docs/design/textworld.md §2)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The TextWorld-Sync reply protocol parser and the runtime's fixed texts (docs/design/algorithm.md §10)."""
+"""The TextWorld-Sync reply protocol parser and the runtime's fixed texts (docs/design/textworld.md §10)."""
 
 import random
 import string

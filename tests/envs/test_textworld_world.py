@@ -1,4 +1,5 @@
-"""World rules, observation text and infos of TextWorld-Sync (docs/design/algorithm.md §5-§8), incl. the worked example of §7.5."""
+"""World rules, observation text and infos of TextWorld-Sync (docs/design/textworld.md §5-§8), incl. the worked
+example of §7.5."""
 
 import copy
 
