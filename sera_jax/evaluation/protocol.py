@@ -1,5 +1,5 @@
 """``sera-eval``'s runner: the paper's evaluation protocol on a task set, for a run checkpoint, a Hugging Face
-directory or the tiny default (spec docs/design/algorithm.md §9–10, docs/design/textworld.md §12).
+directory or the tiny default (docs/design/algorithm.md §9–10, docs/design/textworld.md §12).
 
 Protocol, per run: one tree per task at temperature 0 (``eval.temperature``), per-agent step limit
 ``eval.max_steps``, depth ``env.max_depth``, the evaluation prompt/context/completion caps of the ``eval`` section,
