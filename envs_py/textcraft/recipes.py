@@ -39,7 +39,7 @@ class RecipeBook:
         self.items_per_domain_tier = items_per_domain_tier
         self._bpo_cache: dict[str, dict[str, int]] = {}
 
-    # -- the loader interface of the spec (§1.1) ---------------------------------------------------------------
+    # -- the loader interface of docs/design/textcraft.md §1.1 -----------------------------------------------
     def recipe(self, item: str) -> Recipe | None:
         """Returns the item's recipe, or None for base and unknown items."""
         return self.recipes.get(item)
@@ -57,7 +57,7 @@ class RecipeBook:
         r = self.recipes.get(item)
         return r.depth if r is not None else 0
 
-    # -- §1.4 ----------------------------------------------------------------------------------------------------
+    # -- docs/design/textcraft.md §1.4 ---------------------------------------------------------------------------
     def base_per_one(self, item: str) -> dict[str, int]:
         """Returns the base units one unit of ``item`` needs, ignoring result counts, in depth-first key order."""
         cached = self._bpo_cache.get(item)

@@ -1,7 +1,7 @@
 """The TextCraft tool semantics (docs/design/textcraft.md §7) as functions of a recipe book and an inventory dict.
 
 Every function validates its (untrusted) arguments and never raises on bad input: errors are returned as the
-spec's ``Error: ...`` strings, and the inventory is only changed by a fully valid craft.
+``Error: ...`` strings of docs/design/textcraft.md §7, and the inventory is only changed by a fully valid craft.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Builds a TextCraft-Synth recipe world from a seed, following the spec's §1.2-§1.3 draw for draw.
+"""Builds a TextCraft-Synth recipe world from a seed, following docs/design/textcraft.md §1.2-§1.3 draw for draw.
 
 With seed 42 and 25 items per domain and tier this reproduces the official 1402-recipe world exactly (tested
-against the packaged ``recipes.json``). The spec's module-level ``random`` stream is an explicit
+against the packaged ``recipes.json``). The reference's module-level ``random`` stream is an explicit
 ``random.Random(seed)`` here, which draws the same numbers without touching global state.
 """
 

@@ -39,7 +39,7 @@ class CompiledTask:
         self.limit = spec.max_steps
         self.cooldown = int((par.get("mechanisms") or {}).get("tool_cooldown_steps", 0) or 0)
         # Capacity is limitInventorySize taken literally (0 = unlimited) unless resource_capacity.inventory
-        # overrides it (docs/design/textworld.md §4, checklist 4).
+        # overrides it (docs/design/textworld.md §4, §15 item 4).
         capacity = int(params.get("limitInventorySize", 0) or 0)
         resource = par.get("resource_capacity") or {}
         if isinstance(resource, dict) and "inventory" in resource:

@@ -196,8 +196,9 @@ def generate_task(family: str, difficulty: str, seed: int, fold: str = "test", o
 def generate_tasks(fold: str = "test", *, base_seed: int | None = None, difficulties: Iterable[str] | None = None,
                    families: Iterable[str] | None = None, per_cell: int | None = None) -> list[TaskSpec]:
     """Returns a fold's tasks in file order (difficulty-major, family-minor, offset-minor) with the fold's task
-    counts and seed formula (docs/design/textworld.md §2.4-§2.5). `base_seed` replaces the fold's base seed (a new task set of the
-    same layout); `difficulties` / `families` select cells; `per_cell` caps the tasks per (difficulty, family)."""
+    counts and seed formula (docs/design/textworld.md §2.2, §2.4-§2.5). `base_seed` replaces the fold's base seed
+    (a new task set of the same layout); `difficulties` / `families` select cells; `per_cell` caps the tasks per
+    (difficulty, family)."""
     layout = bands.fold_layout(fold)
     want_d = set(difficulties) if difficulties is not None else None
     want_f = set(families) if families is not None else None

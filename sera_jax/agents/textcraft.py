@@ -4,8 +4,8 @@ One turn = one LLM call + one code cell run in the agent's own sandbox (env work
 ``launch_subagent(targets, context)`` comes back to the runtime as a callback (``_launch``): the world has already
 validated it and built the goal string; here the depth limit is enforced again (so ``max_depth`` is a setting),
 the child is named ``<parent>/subagent-<fork step>-<k>``, registered in the world (inventory snapshot now) and run by
-the tree's launcher; the cell receives the §1.5 result text. Several launches from one cell (``asyncio.gather``)
-share ``fork_step`` and run concurrently on the shared inventory.
+the tree's launcher; the cell receives the result text of docs/design/algorithm.md §1.5. Several launches from one
+cell (``asyncio.gather``) share ``fork_step`` and run concurrently on the shared inventory.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """TextCraft prompt texts (docs/design/textcraft.md §6.4): the system message and the first user message.
 
-Our own wording, carrying the spec's information content: the crafting game and its rules of thumb, the delegation
+Our own wording, with the reference prompt's content: the crafting game and its rules of thumb, the delegation
 strategy (delegate intermediates, split independent work, recurse, one group at a time, parallel with
 ``asyncio.gather``, shared inventory, always await), the answer format, and the action space with synthetic
 examples. Not shown, as in the spec: the inventory, any recipe, the target's depth, difficulty or a gold plan.

@@ -89,7 +89,7 @@ class TextWorldEpisode(Episode):
             observation, turn.error = r.observation, r.error
         elif reply.kind == "delegate":
             observation = await self._delegate(turn, reply)
-        else:  # invalid: the error is shown, and a fallback command (if any) still costs a world step (§10.1)
+        else:  # invalid: the error is shown; a fallback command (if any) still costs a world step (textworld.md §10.1)
             turn.error = reply.error
             turn.misc["fallback"] = reply.fallback
             if reply.fallback and reply.fallback_is_inventory:

@@ -1,6 +1,6 @@
 """TextWorld-Sync system prompt (docs/design/textworld.md §11); the user-turn texts come from envs_py.textworld_sync.messages.
 
-Our own wording, carrying the spec's information content: who the agent is and its depth; commands come from the
+Our own wording, with the reference prompt's content: who the agent is and its depth; commands come from the
 Valid Actions list; own history and location but a shared world and shared resources; the shared inventory is only
 seen through the inventory look-up; no invented state; goals of sub-agents may be more detailed than the parent's;
 a budget-aware collaboration paragraph; interaction tips; a delegation-strategy section with both ``<delegate>``
