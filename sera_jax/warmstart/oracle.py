@@ -30,7 +30,7 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   is its own JSON; ``rubric_miss="generic"`` is the target rubric (its description still naming the goal) with
   its first item named "progress" and its gate "task done": the two things the scorer is shown change, the writer
   copies the goal either way, and its score is ``{"final_score": 0.5}`` with no success flag (the self-evaluation
-  setting, ``configs/tiny_selfeval.yaml``; docs/selfeval lists the constructions the tiny model could not learn).
+  setting, ``configs/tiny_selfeval.yaml``; docs/results/selfeval/README.md lists the constructions the tiny model could not learn).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 
