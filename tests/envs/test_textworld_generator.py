@@ -1,4 +1,4 @@
-"""The TextWorld-Sync task generator: fold layouts, bands, seeds, determinism, solvability (docs/design/algorithm.md §2.4-§4, §13)."""
+"""The TextWorld-Sync task generator: fold layouts, bands, seeds, determinism, solvability (docs/design/textworld.md §2.4-§4, §13)."""
 
 import collections
 import json
