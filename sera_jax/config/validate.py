@@ -138,7 +138,7 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
              f"expected one of {sorted(sets)} or a .json/.jsonl path, got {ts!r}")
         if check_paths and ts not in sets:
             need(Path(ts).is_file(), key, f"no task file {ts}")
-    # Test-time selection runs in both environments (spec README point 4; the reference allows only TextWorld).
+    # Test-time selection runs in both environments (docs/design/README.md, point 4; the reference allows only TextWorld).
     need(cfg.env.rules == "reference" or tw, "env.rules", "world rules apply to textworld_sync only")
     needs_labels = method.execution_reward == "rao" or method.uses("rubric_generation")
     need(not (tw and needs_labels and cfg.judge.kind == "programmatic"), "judge.kind",
