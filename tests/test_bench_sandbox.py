@@ -1,5 +1,5 @@
-"""tools/bench_sandbox.py runs and reports both ways of starting a sandbox (its numbers are the README's, not a
-test's)."""
+"""tools/bench_sandbox.py runs and reports both ways of starting a sandbox (its numbers are docs/results/sandbox.md's,
+not a test's)."""
 
 import subprocess
 import sys

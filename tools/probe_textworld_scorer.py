@@ -8,7 +8,7 @@ scored the world as it stood when the child returned: the same lines unless a si
 The truth is that state: every dish of the child's goal eaten. Printed: one row per (finish message given or
 not, own dish eaten or not, another dish eaten or not) with the scorer's and the judge's verdicts, and their
 accuracy on each truth — the same children for every checkpoint, so two warm starts compare on identical inputs.
-The children measured in README (their sampled tokens stripped) are in ``docs/tiny_textworld/scorer_probe/``:
+The children measured in docs/results/textworld.md (their sampled tokens stripped) are in ``docs/results/textworld/scorer_probe/``:
 311 from three 20-turn training runs (``children.jsonl.gz``), 56 evaluation trees under 10 turns
 (``tight_eval_children.jsonl.gz``, with ``--oracle-rubric``) and the shipped warm start's first training trees
 (``train_v0_children_v4.jsonl.gz``); the ``*.json`` beside them are this tool's outputs.

@@ -18,7 +18,7 @@ scores, at each stuck root's first invalid turn, the reply it sampled and the re
 (``textworld_oracle.next_action``: the valid list's last progress action), teacher-forced at temperature 1. A
 failure that recurs in every tree of a task carries no RL gradient (every tree of the group ends alike, so every
 leave-one-out advantage is 0) unless sampling sometimes takes the other reply: these probabilities say whether it
-can. The committed outputs are in ``docs/tiny_textworld/failures/``.
+can. The committed outputs are in ``docs/results/textworld/failures/``.
 
 Usage: python tools/textworld_failures.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR | --no-model]
        [--config configs/tiny_textworld.yaml] [--json OUT]

@@ -10,7 +10,7 @@ budget the delegation asked for (``ChildSpec.budget_shown``).
 Each call's prompt cap follows the reference's policy client: the run's agent prompt cap + agent completion cap −
 the call's own completion cap (``policy_call.side_call_prompt_budget``), further cut to fit the serving context.
 
-Nothing here reaches an agent's conversation: rubric and score live only in records (docs/design/algorithm.md §12.1).
+Nothing here reaches an agent's conversation: rubric and score live only in records (docs/design/algorithm.md §12, item 1).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ class WarmStartSection:
     #                                      (0 in the tiny default: a warm start built with 0.5 acted far worse)
     # TextWorld: how the oracle's sub-agents act. "greedy": the valid list's last progress action, whoever's dish it
     # serves (the shipped warm start's rule); "own_goal": the last progress action on its own goal's ingredients or
-    # dishes, else a walk -- two children on one world then never take the same action (README, issue #35).
+    # dishes, else a walk -- two children on one world then never take the same action (docs/results/textworld.md).
     child_rule: Literal["greedy", "own_goal"] = "greedy"
     # How often the oracle's demo rubric names the delegated goal; otherwise a distractor item, and its demo scores
     # judge the child against what the rubric names (oracle.py): < 1 makes the warm start's rubrics imperfect.

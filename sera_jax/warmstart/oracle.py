@@ -26,11 +26,11 @@ recipe book (it is the oracle) and reads only its goal from the prompt:
   and its scores follow them: ranking accuracy starts below 1, and only rubrics that name the real goal can raise
   it. With ``rubric_miss="vague"`` a missed rubric names no target at all (gate "task done") and every child
   scored against it gets the same 0.5: the scorer need not compare two names (a tiny model scores distractor
-  rubrics' children 0 across the board, see README), and a vague rubric's fork group is all ties. The vague rubric
+  rubrics' children 0 across the board, see docs/results/selfeval.md), and a vague rubric's fork group is all ties. The vague rubric
   is its own JSON; ``rubric_miss="generic"`` is the target rubric (its description still naming the goal) with
   its first item named "progress" and its gate "task done": the two things the scorer is shown change, the writer
   copies the goal either way, and its score is ``{"final_score": 0.5}`` with no success flag (the self-evaluation
-  setting, ``configs/tiny_selfeval.yaml``; docs/selfeval lists the constructions the tiny model could not learn).
+  setting, ``configs/tiny_selfeval.yaml``; docs/results/selfeval/README.md lists the constructions the tiny model could not learn).
 Randomness is a hash of (seed, tree, node): a tree replays exactly.
 """
 

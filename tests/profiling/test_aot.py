@@ -1,6 +1,6 @@
 """The deviceless GPU compile (``sera-profile --aot``): the train step, engine, publish and Pallas kernels compiled for
 a described H200 mesh on this CPU machine, at a small model so it takes seconds. The paper-scale run is
-``.ci/run``'s (README "Checking the GPU path without a GPU").
+``.ci/run``'s (docs/results/gpu_check.md).
 
 Needs jax's CUDA plugin (the ``aot`` extra, which the README's test command installs)."""
 
