@@ -1,17 +1,14 @@
-"""The two environments' names, one spelling everywhere: configs, the runtime, credit assignment, metrics."""
+"""The environments' names, one spelling everywhere: configs, the runtime, credit assignment, metrics.
+
+Which names exist is the registry's business (``agents.environments``): ``EnvName`` is a plain string annotation, and
+``check_env_name`` asks the registry."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from sera_jax.agents.environments import DEFAULT_ENV, check_env_name, names
+from sera_jax.agents.environments.textcraft import NAME as TEXTCRAFT
+from sera_jax.agents.environments.textworld import NAME as TEXTWORLD
 
-EnvName = Literal["textcraft", "textworld_sync"]
-TEXTCRAFT: EnvName = "textcraft"
-TEXTWORLD: EnvName = "textworld_sync"
-ENV_NAMES: tuple[str, ...] = get_args(EnvName)
+EnvName = str
 
-
-def check_env_name(name: str) -> EnvName:
-    """Returns ``name`` when it names an environment; raises ValueError naming the choices otherwise."""
-    if name not in ENV_NAMES:
-        raise ValueError(f"unknown env {name!r}; expected one of {list(ENV_NAMES)}")
-    return name  # type: ignore[return-value]
+__all__ = ["DEFAULT_ENV", "TEXTCRAFT", "TEXTWORLD", "EnvName", "check_env_name", "names"]

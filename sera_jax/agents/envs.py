@@ -7,7 +7,8 @@ behind a ``Coordinator`` (``LocalTextWorldEnv``; microsecond steps, handy for te
 Every handle offers ``fork()`` → an isolated branch handle, ``commit(branch)``, ``state()`` (the observable shared
 state) and ``close()``, which the launchers of the rubric stage use for counterfactual branches and rubric inputs.
 
-``RUNTIME_FACTORIES`` is the worker registry the runtime starts its pools with: TextCraft through
+``RUNTIME_FACTORIES`` is the worker registry the runtime starts its pools with (each registered environment's
+``worker_factory``, see ``agents.environments``): TextCraft through
 ``RuntimeTextCraftSession`` (the env team's session plus a read-only ``agent_status``, since the runtime must record
 each agent's finish message, and with the depth limit left to the runtime), TextWorld-Sync through ``make_world``.
 """
@@ -22,12 +23,18 @@ from envs_py.core import CheckResult, StepResult
 from envs_py.textcraft.session import TextCraftSession
 from envs_py.textcraft.solver import gold_plan
 from envs_py.textworld_sync.coordinator import Coordinator
-from sera_jax.agents.env_name import TEXTCRAFT, TEXTWORLD
+from sera_jax.agents import environments
+from sera_jax.agents.environments.textcraft import NAME as TEXTCRAFT_NAME
+from sera_jax.agents.environments.textworld import NAME as TEXTWORLD_NAME
 
-RUNTIME_FACTORIES = {
-    TEXTCRAFT: "sera_jax.agents.envs:RuntimeTextCraftSession.from_task",
-    TEXTWORLD: "envs_py.textworld_sync.world:make_world",
-}
+
+
+def runtime_factories() -> dict[str, str]:
+    """Returns the WorkerPool factories of the registered environments whose worlds run in env workers."""
+    return {n: f for n in environments.names() if (f := environments.environment(n).worker_factory)}
+
+
+RUNTIME_FACTORIES = runtime_factories()  # the built-ins' (tests extend it with their own worlds)
 _branch_ids = itertools.count()
 
 
@@ -76,7 +83,7 @@ class TextCraftTreeEnv:
                      limits: Any = None):
         """Returns a handle on a fresh tree for ``task`` (root agent ``"root"``) in ``pool``."""
         env = cls(pool, _pool_tree_id(tree_id))
-        await pool.create(env.pool_tree_id, "textcraft", task, max_steps=max_steps, sandbox_spares=sandbox_spares,
+        await pool.create(env.pool_tree_id, TEXTCRAFT_NAME, task, max_steps=max_steps, sandbox_spares=sandbox_spares,
                           limits=limits)
         return env
 
@@ -141,7 +148,7 @@ class PoolTextWorldEnv:
     async def create(cls, pool: Any, tree_id: str, task: Any, *, rules: str = "reference"):
         """Returns a handle on a fresh world for ``task`` in ``pool``."""
         env = cls(pool, _pool_tree_id(tree_id))
-        await pool.create(env.pool_tree_id, TEXTWORLD, task, rules=rules)
+        await pool.create(env.pool_tree_id, TEXTWORLD_NAME, task, rules=rules)
         return env
 
     async def add_agent(self, agent_id: str) -> None:

@@ -46,6 +46,7 @@ import httpx
 import jax
 
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.phases import span
 from sera_jax.agents.policy_call import CallSpec, policy_call
 from sera_jax.agents.records import Node
@@ -333,11 +334,12 @@ def with_attempts(judge: Any, max_attempts: int) -> Any:
 
 
 def make_judge(env: EnvName, config: dict | None = None, *, generator: Any = None, tokenizer: Any = None) -> Any:
-    """Returns the label source for ``env``: programmatic for TextCraft; for TextWorld ``config["kind"]`` chooses
+    """Returns the label source for ``env``: programmatic for an environment whose world labels every agent
+    (TextCraft); for a judge-labelled one (TextWorld) ``config["kind"]`` chooses
     "chat" (``base_url``, ``model``, optional ``api_key``, ``timeout_s``, ``max_attempts``, ``temperature``,
     ``max_tokens``, ``extra_body``, ``max_connections``, ``style``) or "policy_frozen" (``generator`` = an engine over frozen initial params,
     ``tokenizer``; optional ``temperature``, ``max_new_tokens``, ``max_attempts``)."""
-    if env == "textcraft":
+    if environment(env).programmatic:  # the world labels every agent itself
         return ProgrammaticJudge()
     cfg = dict(config or {})
     kind = cfg.pop("kind", "policy_frozen")

@@ -15,10 +15,11 @@ import math
 import re
 from typing import Any, Sequence
 
+from sera_jax.agents.environments import DEFAULT_ENV, environment
+from sera_jax.agents.environments.textcraft import CHILD_TOOLS_TEXT  # the reference's default list (any env)
+
 CONTEXT_CHAR_LIMIT = 12_000
 TRUNCATION_MARK = "\n\n[... middle of parent trajectory truncated ...]\n\n"
-CHILD_TOOLS_TEXT = "get_info, view_inventory, craft, finish, launch_subagent"
-TEXTWORLD_CHILD_TOOLS_TEXT = "TextWorld environment actions, inventory lookup, finish, and launch_subagent"
 MAX_RUBRIC_ITEMS_ASKED = 8
 
 RUBRIC_SYSTEM = (
@@ -207,13 +208,12 @@ def rubric_request(ctx: RubricContext, min_items: int = 2, style: str = "paper")
 
 
 def score_request(rubric: dict[str, Any], delegated_task: str, trajectory: dict[str, Any],
-                  final_state: dict[str, Any], style: str = "paper", env: str = "textcraft") -> list[dict[str, str]]:
+                  final_state: dict[str, Any], style: str = "paper", env: str = DEFAULT_ENV) -> list[dict[str, str]]:
     """Returns the two messages of the scoring call: the frozen rubric, the child's own steps, the final state
-    (``style`` "compact": see ``compact_score_request``, for TextWorld ``compact_textworld_score_request``)."""
+    (``style`` "compact": the environment's ``compact_score_request``, e.g. ``compact_score_request`` for TextCraft,
+    ``compact_textworld_score_request`` for TextWorld)."""
     if style == "compact":
-        if env != "textcraft":
-            return compact_textworld_score_request(rubric, delegated_task, trajectory, final_state)
-        return compact_score_request(rubric, delegated_task, trajectory, final_state)
+        return environment(env).get("compact_score_request")(rubric, delegated_task, trajectory, final_state)
     payload = {"delegated_task": delegated_task, "final_environment_state": final_state,
                "frozen_rubric": rubric, "trajectory": trajectory}
     user = "\n\n".join([

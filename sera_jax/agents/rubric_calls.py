@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.policy_call import (
     CallResult,
     CallSpec,
@@ -28,7 +29,6 @@ from sera_jax.agents.policy_call import (
 from sera_jax.agents.records import Node
 from sera_jax.agents.rubric import (
     CHILD_TOOLS_TEXT,
-    TEXTWORLD_CHILD_TOOLS_TEXT,
     RubricContext,
     Score,
     child_trajectory_view,
@@ -114,9 +114,7 @@ def child_tools(env: EnvName, stage: str) -> str:
     ranking stage shows it for TextWorld too)."""
     if stage not in RUBRIC_STAGES:
         raise ValueError(f"unknown rubric stage {stage!r}; expected one of {RUBRIC_STAGES}")
-    if env == "textcraft" or stage == "rubric_generation":
-        return CHILD_TOOLS_TEXT
-    return TEXTWORLD_CHILD_TOOLS_TEXT
+    return CHILD_TOOLS_TEXT if stage == "rubric_generation" else environment(env).child_tools_text
 
 
 def node_view(node: Node) -> dict[str, Any]:

@@ -31,19 +31,13 @@ import jax
 
 from envs_py.workers import WorkerPool
 from sera_jax.agents import infra
-from sera_jax.agents.envs import (
-    RUNTIME_FACTORIES,
-    LocalTextWorldEnv,
-    PoolTextWorldEnv,
-    TextCraftTreeEnv,
-)
+from sera_jax.agents.environments import environment
+from sera_jax.agents.envs import runtime_factories
 from sera_jax.agents.harness import Trace, TreeRun, run_episode
 from sera_jax.agents.keys import stable_hash, tree_key
 from sera_jax.agents.launchers.base import DefaultLauncher
 from sera_jax.agents.records import Tree
-from sera_jax.agents.settings import TEXTCRAFT, TEXTWORLD, RuntimeSettings
-from sera_jax.agents.textcraft import CodeActEpisode
-from sera_jax.agents.textworld import TextWorldEpisode
+from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.sampling.types import Generator
 
 ROOT_ID = "root"
@@ -68,7 +62,7 @@ class Pinning:
 
 async def start_pool(workers: int = 1):
     """Returns a started env WorkerPool that knows the runtime's env factories (close it with ``await .close()``)."""
-    return await WorkerPool(workers, factories=RUNTIME_FACTORIES).start()
+    return await WorkerPool(workers, factories=runtime_factories()).start()
 
 
 def default_tree_id(task_id: str, rollout_index: int) -> str:
@@ -82,15 +76,16 @@ async def run_tree(task: Any, env_name: str, generator: Generator, tokenizer: An
     """Runs one root rollout of ``task`` and returns its Tree record (also when agents failed: their nodes carry
     the error and ``rollout_error_zero_reward``; a tree timeout is recorded in ``tree.misc["error"]``).
 
-    ``pool``: a WorkerPool from :func:`start_pool` (TextCraft always needs one; one is started and closed here when
-    missing). TextWorld runs in that pool when given, else in-process. ``launcher``: the delegation strategy
+    ``pool``: a WorkerPool from :func:`start_pool` (an environment registered with ``needs_pool``, TextCraft, always
+    needs one; one is started and closed here when missing). TextWorld runs in that pool when given, else
+    in-process. ``launcher``: the delegation strategy
     (default :class:`DefaultLauncher`). ``key``: the tree's root key (default: derived from the settings' seed and
     policy version, the task id and ``rollout_index``).
     """
     if env_name != settings.env:
         raise ValueError(f"settings are for {settings.env!r}, not {env_name!r}")
     own_pool = None
-    if pool is None and env_name == TEXTCRAFT:
+    if pool is None and environment(env_name).needs_pool:
         pool = own_pool = await start_pool(1)
     try:
         return await _run_tree(task, env_name, generator, tokenizer, settings, key, rollout_index, pool,
@@ -111,23 +106,10 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
     run = TreeRun(tree, generator, tokenizer, settings, root_key, launcher, trace)
     env = None
     try:
-        if env_name == TEXTCRAFT:
-            env = await TextCraftTreeEnv.create(pool, tree.id, task, max_steps=settings.max_steps,
-                                                sandbox_spares=settings.sandbox_spares,
-                                                limits=settings.cell_limits)
-            root = run.new_node(ROOT_ID, task.goal, depth=0, parent_id=None, fork_step=None,
-                                max_steps=settings.max_steps,
-                                task_misc={"target_items": dict(task.payload.get("target_items", {})),
-                                           "initial_inventory": dict(task.payload.get("initial_inventory", {}))})
-            episode = CodeActEpisode(run, root, env)
-        elif env_name == TEXTWORLD:
-            env = (await PoolTextWorldEnv.create(pool, tree.id, task, rules=textworld_rules) if pool is not None
-                   else await LocalTextWorldEnv.create(task, rules=textworld_rules))
-            root = run.new_node(ROOT_ID, task.goal, depth=0, parent_id=None, fork_step=None,
-                                max_steps=settings.max_steps)
-            episode = TextWorldEpisode(run, root, env, task.goal)
-        else:
-            raise ValueError(f"unknown env {env_name!r}")
+        spec = environment(env_name)  # its world and root agent (agents/environments)
+        env = await spec.get("open_world")(task, tree_id=tree.id, pool=pool, settings=settings,
+                                           rules=textworld_rules)
+        episode = spec.get("root_episode")(run, env, task, ROOT_ID)
         try:
             await asyncio.wait_for(run_episode(episode), settings.tree_timeout_s)
         except asyncio.TimeoutError:
@@ -193,7 +175,7 @@ async def run_trees(tasks: Sequence[Any], env_name: str, generator: Generator, t
     if pinning is not None:
         items = pinning.local(items)
     own_pool = None
-    if pool is None and env_name == TEXTCRAFT:
+    if pool is None and environment(env_name).needs_pool:
         pool = own_pool = await start_pool(1)
     gate = asyncio.Semaphore(max_concurrent)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sera_jax.agents.env_name import ENV_NAMES, TEXTCRAFT, TEXTWORLD, EnvName
+from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.sampling.types import SamplingParams
 
 STUCK_MESSAGE = "Stuck in a loop, terminating early."
@@ -43,7 +44,7 @@ class RuntimeSettings:
     (``truncation.continue_prompt``) instead of re-encoding the conversation (the reference's rule; False).
     """
 
-    env: EnvName = TEXTCRAFT
+    env: EnvName = DEFAULT_ENV
     max_steps: int = 20
     max_depth: int = 3
     max_prompt_tokens: int = 9600
@@ -66,8 +67,7 @@ class RuntimeSettings:
     token_history: bool = False
 
     def __post_init__(self) -> None:
-        if self.env not in ENV_NAMES:
-            raise ValueError(f"unknown env {self.env!r}; expected one of {ENV_NAMES}")
+        environment(self.env)  # raises ValueError naming the registered environments
         for name in ("max_steps", "max_prompt_tokens", "max_context", "max_new_tokens", "loop_threshold"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -81,15 +81,9 @@ class RuntimeSettings:
 
     @classmethod
     def for_env(cls, env: EnvName, *, evaluation: bool = False, **overrides) -> "RuntimeSettings":
-        """Returns the spec defaults of ``env`` ("textcraft" | "textworld_sync") for training or evaluation
-        (temperature 0 and the evaluation prompt cap), with ``overrides`` applied."""
-        if env == TEXTCRAFT:
-            base = dict(env=env, max_prompt_tokens=9728 if evaluation else 9600, max_context=10240,
-                        max_new_tokens=512, stop_strings=("</python>",))
-        elif env == TEXTWORLD:
-            base = dict(env=env, max_prompt_tokens=10240, max_context=13312, max_new_tokens=3072, stop_strings=())
-        else:
-            raise ValueError(f"unknown env {env!r}; expected one of {ENV_NAMES}")
+        """Returns the spec defaults of the registered environment ``env`` (its ``runtime_defaults``) for training
+        or evaluation (temperature 0 and the evaluation prompt cap), with ``overrides`` applied."""
+        base = dict(env=env, **environment(env).runtime_defaults(evaluation))
         base["temperature"] = 0.0 if evaluation else 1.0
         base.update(overrides)
         return cls(**base)

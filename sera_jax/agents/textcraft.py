@@ -10,6 +10,8 @@ cell (``asyncio.gather``) share ``fork_step`` and run concurrently on the shared
 
 from __future__ import annotations
 
+from typing import Any
+
 from envs_py.textcraft.cells import (
     clean_output,
     is_stuck,
@@ -17,6 +19,7 @@ from envs_py.textcraft.cells import (
     parse_reply,
     subagent_result_text,
 )
+from sera_jax.agents.envs import TextCraftTreeEnv
 from sera_jax.agents.harness import Episode, TreeRun, run_episode
 from sera_jax.agents.launchers.base import ChildSpec, LaunchRequest, child_result
 from sera_jax.agents.records import DelegationPoint, Node, Turn
@@ -163,3 +166,20 @@ class CodeActEpisode(Episode):
         episode = CodeActEpisode(self.run, child, env)
         episode.gate = gate
         return await run_episode(episode)
+
+
+async def open_world(task: Any, *, tree_id: str, pool: Any, settings: Any, rules: str = "reference") -> Any:
+    """Returns the handle on a fresh TextCraft tree for ``task`` in ``pool`` (worlds and sandboxes live in env
+    workers; ``rules`` is TextWorld's and ignored here)."""
+    return await TextCraftTreeEnv.create(pool, tree_id, task, max_steps=settings.max_steps,
+                                         sandbox_spares=settings.sandbox_spares, limits=settings.cell_limits)
+
+
+def root_episode(run: TreeRun, world: Any, task: Any, root_id: str) -> "CodeActEpisode":
+    """Returns the root agent's episode (its node, with the task's targets and start inventory, registered in
+    ``run``)."""
+    root = run.new_node(root_id, task.goal, depth=0, parent_id=None, fork_step=None,
+                        max_steps=run.settings.max_steps,
+                        task_misc={"target_items": dict(task.payload.get("target_items", {})),
+                                   "initial_inventory": dict(task.payload.get("initial_inventory", {}))})
+    return CodeActEpisode(run, root, world)

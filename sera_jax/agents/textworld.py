@@ -16,8 +16,11 @@ The current observation is in every per-turn message anyway. ``prompt_style: com
 
 from __future__ import annotations
 
+from typing import Any
+
 from envs_py.textworld_sync import messages as M
 from envs_py.textworld_sync.protocol import parse_reply
+from sera_jax.agents.envs import LocalTextWorldEnv, PoolTextWorldEnv
 from sera_jax.agents.harness import Episode, TreeRun, run_episode
 from sera_jax.agents.launchers.base import ChildSpec, LaunchRequest
 from sera_jax.agents.records import DelegationPoint, Node, Turn
@@ -182,3 +185,18 @@ def child_summary(child: Node) -> dict:
             "environment_success": child.misc.get("environment_success", False), "steps": len(child.turns),
             "max_steps": child.max_steps, "remaining_steps": max(child.max_steps - len(child.turns), 0),
             "finish_message": message, "final_observation": child.misc.get("final_observation", "")}
+
+
+async def open_world(task: Any, *, tree_id: str, pool: Any, settings: Any, rules: str = "reference") -> Any:
+    """Returns the handle on a fresh world for ``task`` under ``rules``: in ``pool`` when given (world steps off the
+    event loop), else in-process."""
+    if pool is not None:
+        return await PoolTextWorldEnv.create(pool, tree_id, task, rules=rules)
+    return await LocalTextWorldEnv.create(task, rules=rules)
+
+
+def root_episode(run: TreeRun, world: Any, task: Any, root_id: str) -> "TextWorldEpisode":
+    """Returns the root agent's episode (its node registered in ``run``)."""
+    root = run.new_node(root_id, task.goal, depth=0, parent_id=None, fork_step=None,
+                        max_steps=run.settings.max_steps)
+    return TextWorldEpisode(run, root, world, task.goal)

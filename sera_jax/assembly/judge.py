@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from sera_jax.agents.environments import environment
 from sera_jax.config import ConfigError, RunConfig
 
 JUDGE_PROMPT_TOKENS = 10240  # docs/design/recipes.md §1b: the judge's prompt budget
@@ -31,11 +32,12 @@ def judge_settings(cfg: RunConfig) -> dict[str, Any]:
 
 
 def judge_roles(cfg: RunConfig) -> tuple[bool, bool]:
-    """Returns (labels rubric-stage branches, labels the RAO family's sub-agents): TextWorld asks a judge for RT
-    branch labels in the rubric-generation stage and for the RAO family's sub-agent rewards; TextCraft never."""
+    """Returns (labels rubric-stage branches, labels the RAO family's sub-agents): a judge-labelled environment
+    (TextWorld) asks a judge for RT branch labels in the rubric-generation stage and for the RAO family's sub-agent
+    rewards; a programmatic one (TextCraft) never."""
     method = cfg.method_config()
-    textworld = cfg.env.name != "textcraft"
-    return (textworld and method.uses("rubric_generation"), textworld and method.execution_reward == "rao")
+    judged = not environment(cfg.env.name).programmatic
+    return (judged and method.uses("rubric_generation"), judged and method.execution_reward == "rao")
 
 
 def uses_frozen_judge(cfg: RunConfig) -> bool:

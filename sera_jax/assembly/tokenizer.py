@@ -1,17 +1,20 @@
 """The tokenizer a config names (``model.tokenizer``): a Hugging Face directory or file, a sentencepiece model, or
-``builtin:<name>``, a tokenizer shipped with the package (``warmstart/tokenizer.py`` builds them)."""
+``builtin:<name>``, a tokenizer shipped with the package (each environment's registration names its own, see
+``agents.environments``; ``warmstart/tokenizer.py`` and ``warmstart/textworld_tokenizer.py`` build them)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from sera_jax.agents import environments
 from sera_jax.model.tokenizer import Tokenizer, load_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-SHIPPED = ASSETS / "textcraft_tiny.model"
-BUILTIN = {"textcraft": SHIPPED, "textworld": ASSETS / "textworld_tiny.model"}
-REBUILD = {"textcraft": "sera_jax.warmstart.tokenizer", "textworld": "sera_jax.warmstart.textworld_tokenizer"}
+_TOKENIZERS = [t for n in environments.names() if (t := environments.environment(n).tokenizer) is not None]
+BUILTIN = {t.name: ASSETS / t.asset for t in _TOKENIZERS}  # builtin name -> its file in the package
+REBUILD = {t.name: t.rebuild for t in _TOKENIZERS}  # builtin name -> the module that rebuilds it
+SHIPPED = BUILTIN[environments.environment(environments.DEFAULT_ENV).tokenizer.name]  # the tiny default's
 
 
 def resolve_tokenizer(spec: str | None, hf_dir: str | None) -> tuple[Tokenizer, str]:

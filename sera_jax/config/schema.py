@@ -24,7 +24,8 @@ import hashlib
 import json
 from typing import Any, Literal, Optional
 
-from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.model import Qwen3Config
 from sera_jax.parallel.mesh import MeshConfig
 from sera_jax.rl.batch import DEFAULT_BUCKETS
@@ -91,7 +92,7 @@ class MethodSection:
 
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
-    name: EnvName = "textcraft"
+    name: EnvName = DEFAULT_ENV           # a registered environment (agents.environments; checked by validate)
     task_set: str = "train"              # TC: train | val | path; TW: train | test | validation | path
     difficulties: tuple[str, ...] = ()   # () = all difficulties of the task set
     max_steps: int = 20                  # own steps per agent (root and each sub-agent)
@@ -287,7 +288,8 @@ class RunConfig:
                                            "rubric_advantage_sign")
                 if getattr(s, k) is not None}
         flag = s.delegation_filter_zero_variance_groups
-        over["delegation_filter_zero_variance_groups"] = self.env.name == "textcraft" if flag is None else flag
+        over["delegation_filter_zero_variance_groups"] = (environment(self.env.name).filter_zero_variance
+                                                          if flag is None else flag)
         over["seed"] = self.train.seed
         over["concurrent_rollouts"] = self.max_concurrent_rollouts()
         over["cispo_ratio_min"], over["cispo_ratio_max"] = self.step.ratio_min, self.step.ratio_max
@@ -301,7 +303,7 @@ class RunConfig:
     def execution_filter_zero_variance(self) -> bool:
         """Returns whether the execution stage rejects task groups whose datum scalars are all equal (§5.6, §11)."""
         flag = self.method.execution_filter_zero_variance_groups
-        return self.env.name == "textcraft" if flag is None else flag
+        return environment(self.env.name).filter_zero_variance if flag is None else flag
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the config as plain JSON-able data (tuples as lists), loadable again by ``from_dict``."""

@@ -10,8 +10,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from envs_py.textworld_sync.task_sets import task_set_error
-from sera_jax.agents.env_name import TEXTWORLD
+from sera_jax.agents import environments
 from sera_jax.config.schema import ConfigError, RunConfig
 from sera_jax.model import Qwen3Config, abstract_params, param_logical_axes
 from sera_jax.parallel.rules import SAMPLE_RULES, TRAIN_RULES, check_divisible
@@ -25,6 +24,10 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
         if not cond:
             raise ConfigError(f"{key}: {msg}")
 
+    # env.name first: the checks below read the environment's registration (agents.environments).
+    need(cfg.env.name in environments.names(), "env.name",
+         f"expected one of {list(environments.names())}, got {cfg.env.name!r}")
+    env = environments.environment(cfg.env.name)
     m = cfg.model
     need(m.preset is not None or m.hf_dir is not None, "model.preset", "give a preset or model.hf_dir")
     need(m.logits_chunk is None or m.logits_chunk > 0, "model.logits_chunk", "must be positive")
@@ -80,8 +83,8 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.rollout.trees_per_task >= 2, "rollout.trees_per_task", "leave-one-out baselines need at least 2")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
-    need(cfg.eval.rubric_probe_groups == 0 or cfg.env.name == "textcraft", "eval.rubric_probe_groups",
-         "the rubric probe needs TextCraft's programmatic branch labels (0 for other environments)")
+    need(cfg.eval.rubric_probe_groups == 0 or env.programmatic, "eval.rubric_probe_groups",
+         "the rubric probe needs programmatic branch labels, as TextCraft's (0 for judge-labelled environments)")
     rtp = cfg.rollout.rubric_stage_tasks_per_step
     need(rtp is None or rtp > 0, "rollout.rubric_stage_tasks_per_step", f"must be positive (or null), got {rtp}")
     rst = cfg.rollout.rubric_stage_temperature
@@ -99,10 +102,12 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(w.lr > 0, "warmstart.lr", f"must be positive, got {w.lr}")
     need(w.demo_max_steps is None or w.demo_max_steps >= 1, "warmstart.demo_max_steps",
          f"must be ≥ 1 (or null), got {w.demo_max_steps}")
-    need(w.child_rule == "greedy" or cfg.env.name != "textcraft", "warmstart.child_rule",
-         "is TextWorld-Sync's (the TextCraft oracle's sub-agents follow their own goal already)")
-    need(w.copy_task_set is None or cfg.env.name != "textcraft", "warmstart.copy_task_set",
-         "is TextWorld-Sync's (TextCraft's first-turn datums copy the demo tasks' goals)")
+    need(w.child_rule == "greedy" or "warmstart.child_rule" in env.options, "warmstart.child_rule",
+         f"is not {env.name}'s: TextWorld-Sync's oracle reads it (the TextCraft oracle's sub-agents follow their "
+         "own goal already)")
+    need(w.copy_task_set is None or "warmstart.copy_task_set" in env.options, "warmstart.copy_task_set",
+         f"is not {env.name}'s: TextWorld-Sync's oracle reads it (TextCraft's first-turn datums copy the demo "
+         "tasks' goals)")
     need(not w.decay or w.steps > w.warmup_steps, "warmstart.decay",
          f"needs steps ({w.steps}) > warmup_steps ({w.warmup_steps})")
     need(0 <= w.fork_demo_tasks <= w.demo_tasks, "warmstart.fork_demo_tasks",
@@ -127,26 +132,19 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
          f"{b.token_budget} < the largest bucket {b.buckets[-1]}")
     need(b.advantage_clip is None or b.advantage_clip > 0, "batch.advantage_clip", "must be positive or null")
 
-    tw = cfg.env.name == TEXTWORLD
-    sets = {"train", "val", "generated"}
     for key, ts in (("env.task_set", cfg.env.task_set), ("eval.task_set", cfg.eval.task_set)):
-        if tw:  # files, "sample", folds, seeded generated sets and their unions (envs_py.textworld_sync.task_sets)
-            err = task_set_error(ts, check_paths)
-            need(err is None, key, str(err))
-            continue
-        need(ts in sets or ts.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")), key,
-             f"expected one of {sorted(sets)} or a .json/.jsonl path, got {ts!r}")
-        if check_paths and ts not in sets:
-            need(Path(ts).is_file(), key, f"no task file {ts}")
+        err = env.get("task_set_error")(ts, check_paths)  # the environment's task sets (and files)
+        need(err is None, key, str(err))
     # Test-time selection runs in both environments (docs/design/README.md, departure 4; the reference allows only
     # TextWorld).
-    need(cfg.env.rules == "reference" or tw, "env.rules", "world rules apply to textworld_sync only")
+    need(cfg.env.rules == "reference" or "env.rules" in env.options, "env.rules",
+         f"world rules apply to textworld_sync only, not {env.name}")
     needs_labels = method.execution_reward == "rao" or method.uses("rubric_generation")
-    need(not (tw and needs_labels and cfg.judge.kind == "programmatic"), "judge.kind",
-         f"{method.name} on textworld_sync needs sub-agent labels from a judge (openai or policy_frozen)")
-    need(not (tw and method.ranking_objective == "order_discrimination"), "method.ranking_objective",
-         "order_discrimination is a TextCraft ablation (Rank+Disc): the reference refuses it for textworld_sync, "
-         "so no paper method exists to reproduce")
+    need(env.programmatic or not needs_labels or cfg.judge.kind != "programmatic", "judge.kind",
+         f"{method.name} on {env.name} needs sub-agent labels from a judge (openai or policy_frozen)")
+    need(method.ranking_objective != "order_discrimination" or "order_discrimination" in env.options,
+         "method.ranking_objective", f"order_discrimination is a TextCraft ablation (Rank+Disc): the reference "
+         f"refuses it for {env.name}, so no paper method exists to reproduce")
     need(cfg.judge.kind != "openai" or bool(cfg.judge.endpoint or cfg.judge.endpoint_env), "judge.endpoint",
          "an openai judge needs endpoint or endpoint_env")
     check_mesh(cfg, num_devices, model_cfg=model_cfg)

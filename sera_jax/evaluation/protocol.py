@@ -31,6 +31,7 @@ from tqdm import tqdm
 from sera_jax.agents.efficiency import RunWatch, efficiency_line
 from sera_jax.agents.keys import warm_keys
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.phases import tracing
 from sera_jax.agents.records import Tree, write_jsonl
@@ -280,7 +281,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     # 1,024-token context), else the selector's own (1,024 / 512, docs/design/recipes.md §4).
     caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
     selection = {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
-    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
+    pool = await start_pool(cfg.env.num_workers) if environment(env).needs_pool else None
     tables, by_game, finals, records, times, efficiency = [], [], [], [], [], []
     trees_path = out_dir / ("trees.jsonl" if exchange is None else f"trees.p{jax.process_index()}.jsonl")
     trees_path.write_text("")

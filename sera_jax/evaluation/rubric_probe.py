@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from sera_jax.agents.environments import environment
 from sera_jax.agents.launchers.counterfactual import rank_fork_groups
 from sera_jax.agents.launchers.factory import make_launcher_factory, rubric_stage_config
 from sera_jax.agents.records import ForkGroup, Tree, dumps_tree, loads_tree, read_jsonl, write_jsonl
@@ -70,7 +71,7 @@ async def collect_probe_set(cfg: Any, generator: Any, tokenizer: Any, path: str 
     out first (say how many were found) or for an environment without programmatic labels."""
     from sera_jax.evaluation.protocol import load_eval_tasks
 
-    if cfg.env.name != "textcraft":
+    if not environment(cfg.env.name).programmatic:
         raise ValueError(f"the rubric probe needs programmatic branch labels (TextCraft), not {cfg.env.name!r}")
     if groups < 1:
         raise ValueError(f"eval.rubric_probe_groups must be ≥ 1 to collect a probe set, got {groups}")

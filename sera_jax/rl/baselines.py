@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.records import Tree, TreeIndex
 from sera_jax.rl.datums import Datum, delegation_datums, execution_datums, rubric_datums
 from sera_jax.rl.rewards import env_success
@@ -201,7 +202,7 @@ class GroupCredit:
 
 
 def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *,
-                      decode: Callable[[list[int]], str] | None = None, env: EnvName = "textcraft",
+                      decode: Callable[[list[int]], str] | None = None, env: EnvName = DEFAULT_ENV,
                       filter_zero_variance: bool | None = None) -> GroupCredit:
     """Returns the stage's datums for the G root rollouts of one task, with advantages, and the §5.6 verdict.
 
@@ -215,12 +216,13 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
     Rollout indices are re-numbered 0..G−1 in the order given.
     """
     trees = [dataclasses.replace(t, root_rollout_index=i) for i, t in enumerate(trees)]
+    spec = environment(env)  # its credit rules (agents.environments)
     if stage == "execution":
         ds = [d for t in trees for d in execution_datums(t, mode=method.execution_reward,
-                                                          filter_errors=env == "textcraft")]
+                                                          filter_errors=spec.filter_errors)]
         roots = [env_success(t.nodes[TreeIndex.build(t).root]) for t in trees]
         ds = assign_execution_advantages(ds, roots)
-        reject = env == "textcraft" if filter_zero_variance is None else filter_zero_variance
+        reject = spec.filter_zero_variance if filter_zero_variance is None else filter_zero_variance
         if reject and is_zero_variance([d.scalar for d in ds]):
             return GroupCredit([], False)
         # Kept (TextWorld, docs/design/recipes.md §1b): an all-equal group stays trainable, its zero advantages count in the

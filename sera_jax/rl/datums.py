@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.records import Tree, TreeIndex, Turn
 from sera_jax.rl import rewards as R
 from sera_jax.rl.launch_spans import launch_token_mask
@@ -96,7 +97,7 @@ def execution_datums(tree: Tree, *, mode: str = "rubric", filter_errors: bool = 
     TextWorld RAO sub-agents without a label, turns without a completion id, and — with ``filter_errors``
     (TextCraft) on a trajectory whose filter success is ≥ 1 — turns with an error or a traceback in the output.
     """
-    env = env or tree.misc.get("env") or "textcraft"
+    env = env or tree.misc.get("env") or DEFAULT_ENV
     idx, order = _ordered(tree)
     out: list[Datum] = []
     for nid in order:
@@ -122,7 +123,7 @@ def _truncate_after_last(d: Datum) -> Datum:
                                logprobs=d.logprobs[:last + 1], versions=d.versions[:last + 1])
 
 
-def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: EnvName = "textcraft",
+def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: EnvName = DEFAULT_ENV,
                       invalid_reward: float = 0.0, success_gate: bool = False,
                       root_reward: float | None = None) -> list[Datum]:
     """Returns one delegation datum per launch event and (TextCraft only) per invalid launch attempt of one
@@ -140,13 +141,14 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: En
     fork_steps: dict[str, dict[int, R.LaunchEvent]] = {}
     for ev in events:
         fork_steps.setdefault(ev.parent_id, {})[ev.fork_step] = ev
+    invalid_datums = environment(env).invalid_launch_datums  # TextCraft's launch attempts that made no child
     parents = sorted(tree.nodes, key=lambda i: (idx.depth[i], i))
     out: list[Datum] = []
     for pid in parents:
         node, started = tree.nodes[pid], False
         for step, turn in enumerate(node.turns):
             ev = fork_steps.get(pid, {}).get(step)
-            if ev is None and (env != "textcraft" or pid in excluded or "launch_subagent" not in turn.code):
+            if ev is None and (not invalid_datums or pid in excluded or "launch_subagent" not in turn.code):
                 continue
             if turn.completion_id is None or not turn.completion_ids:
                 continue

@@ -14,7 +14,8 @@ import ast
 import re
 from collections.abc import Callable, Sequence
 
-from sera_jax.agents.env_name import TEXTCRAFT, TEXTWORLD, EnvName
+from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
+from sera_jax.agents.environments import environment
 
 __all__ = [
     "launch_statement_spans", "delegate_block_spans", "place_spans", "decoded_prefix_lengths",
@@ -132,19 +133,15 @@ def spans_to_token_mask(spans: Sequence[Span], prefix_lengths: Sequence[int], nu
 
 
 def launch_token_mask(code: str, completion_ids: Sequence[int], decode: Callable[[list[int]], str], *,
-                      env: EnvName = TEXTCRAFT) -> list[int]:
+                      env: EnvName = DEFAULT_ENV) -> list[int]:
     """Returns the launch mask over ``completion_ids`` (all zeros when there is no launch or the code cannot be
-    placed in the completion). ``env``: TextCraft (AST statements) or TextWorld-Sync (delegate blocks).
+    placed in the completion). ``env``: its registration's ``launch_spans`` finds the launches (TextCraft: AST
+    statements, TextWorld-Sync: delegate blocks).
 
     The code is located in ``decode(completion_ids)`` — the same decode the prefix lengths use — rather than in
     any stored text, so spans and token boundaries can never disagree (e.g. over an appended ``</python>``).
     """
-    if env == TEXTCRAFT:
-        spans = launch_statement_spans(code)
-    elif env == TEXTWORLD:
-        spans = delegate_block_spans(code)
-    else:
-        raise ValueError(f"unknown env {env!r}")
+    spans = environment(env).get("launch_spans")(code)
     if not spans:
         return [0] * len(completion_ids)
     placed = place_spans(code, spans, decode(list(completion_ids)))

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from sera_jax.agents.env_name import TEXTCRAFT, EnvName
+from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.records import Node, Tree, TreeIndex
 
 __all__ = [
@@ -74,7 +75,7 @@ def execution_reward(node: Node, *, is_root: bool, mode: str = "rubric", env: En
     if mode == "rao":
         if JUDGE_LABEL in node.env_labels:
             return 0.0 if node.rollout_error_zero_reward else float(node.env_labels[JUDGE_LABEL])
-        if env is not None and env != TEXTCRAFT:
+        if env is not None and not environment(env).programmatic:
             return None  # a TextWorld sub-agent without a judge label is never graded by the world check
         return env_success(node)
     if mode != "rubric":

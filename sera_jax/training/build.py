@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import jax
 
+from sera_jax.agents.environments import environment
 from sera_jax.agents.judge import frozen_policy_engine, make_judge
 from sera_jax.agents.launchers.factory import make_launcher_factory, usable_trees
 from sera_jax.agents.runtime import run_trees, start_pool
@@ -154,7 +155,7 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
     branch_labels = SubagentJudge(judge, concurrency=cfg.judge.concurrency) if tw_rubric_stage else None
     execution_labels = (SubagentJudge(judge, concurrency=cfg.judge.concurrency, max_attempts=1)
                         if tw_execution_judge else None)
-    pool = await start_pool(cfg.env.num_workers) if env == "textcraft" else None
+    pool = await start_pool(cfg.env.num_workers) if environment(env).needs_pool else None
 
     async def run_group(task, stage: str, version: int):
         deferred = stage == "rubric_generation" and branch_labels is not None

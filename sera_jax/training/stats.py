@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from sera_jax.agents import infra
-from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.records import Tree, TreeIndex
 from sera_jax.agents.subagent_judge import BRANCH_KEY, SPENT_KEY
 
@@ -54,10 +55,11 @@ def pairwise_accuracy(scores: Sequence[float], labels: Sequence[bool]) -> float:
     return float(((s[y][:, None] - s[~y][None, :]) > 0).mean())
 
 
-def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[str, float]:
+def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[str, float]:
     """Returns step-level scalars of ``trees`` (empty dict for no trees)."""
     if not trees:
         return {}
+    programmatic = environment(env).programmatic
     root_success, delegated, nodes, depth, tokens, errors = [], [], [], [], [], []
     rubric = {"rubric_calls": 0, "rubric_invalid": 0, "score_calls": 0, "score_invalid": 0}
     labels = 0
@@ -116,9 +118,10 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = "textcraft") -> dict[s
         # trees an env worker's or sandbox host's failure ended (agents/infra.py): recorded, not credited
         "infra_failed_trees": float(sum(infra.failed(t) for t in trees)),
         **{k: float(v) for k, v in rubric.items()},
-        # Supervision: TextCraft labels are programmatic checks; TextWorld's come from the judge.
-        "supervision/programmatic_labels": float(labels if env == "textcraft" else 0),
-        "supervision/judge_labels": float((labels if env != "textcraft" else 0) + execution["labels"]),
+        # Supervision: the environment's labels kind (agents.environments): TextCraft's are programmatic checks,
+        # TextWorld's come from the judge.
+        "supervision/programmatic_labels": float(labels if programmatic else 0),
+        "supervision/judge_labels": float((labels if not programmatic else 0) + execution["labels"]),
         **{f"supervision/judge_{k}": float(v) for k, v in judge.items()},
         **{f"supervision/execution_judge_{k}": float(v) for k, v in execution.items()},
     }

@@ -166,8 +166,8 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
         for stage, part in plays:
             # Side calls cut to the engine's context as in training (run.py), so a long child's scoring prompt
             # is the one the policy will see.
-            factory = make_launcher_factory(stage, method, "textcraft", max_context=settings.max_context)
-            done = await run_trees(part, "textcraft", gen, tokenizer, settings, pool=pool, max_concurrent=16,
+            factory = make_launcher_factory(stage, method, cfg.env.name, max_context=settings.max_context)
+            done = await run_trees(part, cfg.env.name, gen, tokenizer, settings, pool=pool, max_concurrent=16,
                                    launcher_factory=factory)
             trees += await factory.finalize(done)
     finally:

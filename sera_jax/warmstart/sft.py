@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import jax
 
+from sera_jax.agents import environments
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import ASSETS, BUILTIN, BUILTIN_PREFIX, resolve_tokenizer
 from sera_jax.config import check_mesh
@@ -52,11 +53,10 @@ from sera_jax.training.step import (
     shard_train_state,
     stack_micro_batches,
 )
-from sera_jax.warmstart.demos import DEMO_VERSION, collect_demos
-from sera_jax.warmstart.textworld_demos import TEXTWORLD_DEMO_VERSION, collect_textworld_demos
 
-SHIPPED_DIR = ASSETS / "tiny_warmstart"  # TextCraft's
-SHIPPED_DIRS = {"textcraft": SHIPPED_DIR, "textworld_sync": ASSETS / "tiny_textworld_warmstart"}
+# Each environment's shipped warm start (its registration's ``shipped_warmstart``, agents.environments).
+SHIPPED_DIRS = {n: ASSETS / d for n in environments.names() if (d := environments.environment(n).shipped_warmstart)}
+SHIPPED_DIR = SHIPPED_DIRS[environments.DEFAULT_ENV]  # the tiny default's (TextCraft's)
 
 
 def shipped_dir(cfg: Any) -> Path:
@@ -97,13 +97,9 @@ def recipe(cfg: Any) -> dict[str, Any]:
     if ws["child_rule"] == "greedy":  # likewise
         del ws["child_rule"]
     e, r, demo = cfg.env, cfg.rollout, demo_env(cfg)
-    if e.name != "textcraft":  # what else shapes TextWorld's demos: world rules, fork groups, side-call caps
-        m, j = cfg.method_config(), cfg.judge
-        ws["play"] = {"rules": e.rules, "branching_factor": m.branching_factor,
-                      "max_counterfactual_envs_per_rollout": m.max_counterfactual_envs_per_rollout,
-                      "max_rubric_tokens": m.max_rubric_tokens, "max_scoring_tokens": m.max_scoring_tokens,
-                      "rubric_stage_max_scoring_tokens": m.rubric_stage_max_scoring_tokens,
-                      "judge_max_tokens": j.max_tokens}
+    env = environments.environment(e.name)
+    if env.warmstart_recipe is not None:  # what else shapes its demos (TextWorld: world rules, fork groups, caps)
+        ws["play"] = env.get("warmstart_recipe")(cfg)
     return json.loads(json.dumps({
         "model": dataclasses.asdict(cfg.model_config()), "tokenizer": tok_sha,
         # The demo tasks' set (see demo_env): whether they are also the RL tasks does not change the warm start.
@@ -114,7 +110,7 @@ def recipe(cfg: Any) -> dict[str, Any]:
         "rollout": {"max_completion_tokens": r.max_completion_tokens, "max_prompt_tokens": r.max_prompt_tokens,
                     "context_tokens": r.context_tokens},
         "method": cfg.method.name, "buckets": list(cfg.batch.buckets), "warmstart": ws,
-        "demo_version": DEMO_VERSION if e.name == "textcraft" else TEXTWORLD_DEMO_VERSION}))
+        "demo_version": env.get("demo_version")}))
 
 
 RECORD_NAME = "warmstart_recipe.json"  # in a warm-start run directory: the recipe it holds and its origin
@@ -242,7 +238,7 @@ def warm_start(cfg: Any, out_dir: str | Path | None = None, *, log=print, use_sh
             return out
         tasks, files = load_env_tasks(dataclasses.replace(cfg, env=demo_env(cfg)))
         tasks = random.Random(ws.seed).sample(list(tasks), min(ws.demo_tasks, len(tasks)))
-        collect = collect_demos if cfg.env.name == "textcraft" else collect_textworld_demos
+        collect = environments.environment(cfg.env.name).get("warmstart_oracle")  # its demo oracle
         datums, stats = asyncio.run(collect(dataclasses.replace(cfg, env=demo_env(cfg)), tokenizer, tasks))
         if not datums:
             raise RuntimeError("warm start: the oracle produced no demonstration "

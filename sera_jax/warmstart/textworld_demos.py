@@ -161,6 +161,16 @@ def verdict_flip_datums(records: Sequence[tuple[Any, list[int], list[int]]], tok
     return out
 
 
+def recipe_play(cfg: Any) -> dict[str, Any]:
+    """Returns what else shapes TextWorld's demos, for the warm-start recipe: world rules, fork groups, side-call
+    caps."""
+    m, j = cfg.method_config(), cfg.judge
+    return {"rules": cfg.env.rules, "branching_factor": m.branching_factor,
+            "max_counterfactual_envs_per_rollout": m.max_counterfactual_envs_per_rollout,
+            "max_rubric_tokens": m.max_rubric_tokens, "max_scoring_tokens": m.max_scoring_tokens,
+            "rubric_stage_max_scoring_tokens": m.rubric_stage_max_scoring_tokens, "judge_max_tokens": j.max_tokens}
+
+
 async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple[list[Datum], dict]:
     """Runs the oracle on ``tasks`` through the runtime (see the module docstring); returns (datums, stats)."""
     ws = cfg.warmstart

@@ -27,6 +27,7 @@ from envs_py.textworld_sync.world import ROOT
 from sera_jax.agents import judge as J
 from sera_jax.agents import rubric as Rb
 from sera_jax.agents import textworld_prompt as P
+from sera_jax.agents.environments.textworld import TEXTWORLD
 from sera_jax.assembly.tokenizer import BUILTIN
 from sera_jax.warmstart.textworld_oracle import (
     dish_specs,
@@ -120,7 +121,7 @@ def build_textworld_tokenizer(path: str | Path, vocab_size: int = VOCAB_SIZE) ->
 if __name__ == "__main__":
     import sys
 
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else BUILTIN["textworld"])
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else BUILTIN[TEXTWORLD.tokenizer.name])
     out.unlink(missing_ok=True)
     print(build_textworld_tokenizer(out))
     out.with_suffix(".vocab").unlink(missing_ok=True)  # sentencepiece's human-readable listing; not needed

@@ -26,6 +26,7 @@ from typing import Any
 from envs_py.textcraft.cells import subagent_result_text
 from envs_py.textworld_sync import messages as M
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.harness import CURRENT_TURN
 from sera_jax.agents.launchers.base import LaunchOutcome, LaunchRequest, child_result
 from sera_jax.agents.records import Node
@@ -143,7 +144,7 @@ class BestOfNSelector:
                           "selected": k, "rubric": rubric, "rubric_error": rerr, "score_errors": errors}
 
     async def _texts(self, req: LaunchRequest, chosen: list[Node | None]) -> list[str]:
-        if self.env == "textcraft":
+        if not environment(self.env).observation_after_launch:  # TextCraft's per-child result texts
             remaining = req.parent.max_steps - len(req.parent.turns)
             return [EXHAUSTED_TEXT if c is None else
                     subagent_result_text(child_result(c), len(c.turns), c.max_steps, remaining) for c in chosen]

@@ -48,6 +48,7 @@ import dataclasses
 from typing import Any
 
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.launchers.base import (
     ChildSpec,
     DefaultLauncher,
@@ -117,7 +118,7 @@ class CounterfactualCollector:
             ids.extend(b.trajectory_id for b in group.branches if b.trajectory_id)
             children.append(nodes[0])
             texts.append(collector_text(nodes[0], sum(1 for b in group.branches if b.trajectory_id)))
-        if self.env != "textcraft":
+        if environment(self.env).observation_after_launch:
             obs, _ = await req.env.observe(req.parent.id)
             texts[-1] += f"\n[Current Environment Observation]\n{obs}"
         self._annotate(req, ids, groups)

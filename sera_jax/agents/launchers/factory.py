@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.judge import ProgrammaticJudge
 from sera_jax.agents.launchers.base import DefaultLauncher
 from sera_jax.agents.launchers.best_of_n import BestOfNSelector
@@ -80,8 +81,8 @@ def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any =
         return LauncherFactory(DefaultLauncher, "default")
     if stage == "rubric_generation":
         if judge is None:
-            if env != "textcraft":
-                raise ValueError("the TextWorld rubric-generation stage needs a judge (judge.make_judge)")
+            if not environment(env).programmatic:
+                raise ValueError(f"the {env} rubric-generation stage needs a judge (judge.make_judge)")
             judge = ProgrammaticJudge()
         cfg = _rubric_stage(method, rubric_overrides)
         return LauncherFactory(lambda: CounterfactualCollector(

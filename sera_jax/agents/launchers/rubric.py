@@ -29,6 +29,7 @@ import asyncio
 from typing import Any
 
 from sera_jax.agents.env_name import EnvName
+from sera_jax.agents.environments import environment
 from sera_jax.agents.launchers.base import LaunchOutcome, LaunchRequest
 from sera_jax.agents.lockstep import Lockstep
 from sera_jax.agents.policy_call import call_summary
@@ -110,7 +111,8 @@ class RubricCoordinator:
 
         async def one(spec, rubric_task):
             child = await req.start_child(spec, gate=gate)
-            final = final_inventory_state(child) if self.env == "textcraft" else await observable_state(req.env)
+            final = (final_inventory_state(child) if environment(self.env).final_state == "child_inventory"
+                     else await observable_state(req.env))
             self.pending.append(asyncio.ensure_future(self._score(run, child, rubric_task, final)))
             return child
 

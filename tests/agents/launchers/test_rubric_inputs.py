@@ -13,7 +13,8 @@ import pytest
 
 from sera_jax.agents.judge import ProgrammaticJudge
 from sera_jax.agents.launchers.factory import make_launcher_factory
-from sera_jax.agents.rubric import CHILD_TOOLS_TEXT, TEXTWORLD_CHILD_TOOLS_TEXT, dumps
+from sera_jax.agents.environments.textworld import CHILD_TOOLS_TEXT as TEXTWORLD_CHILD_TOOLS_TEXT
+from sera_jax.agents.rubric import CHILD_TOOLS_TEXT, dumps
 from sera_jax.agents.rubric_calls import child_tools
 from sera_jax.agents.runtime import run_tree
 from sera_jax.agents.scripted import ScriptedGenerator
