@@ -84,7 +84,7 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
     need(cfg.eval.rubric_probe_groups == 0 or env.programmatic, "eval.rubric_probe_groups",
-         "the rubric probe needs programmatic branch labels, as TextCraft's (0 for judge-labelled environments)")
+         "the rubric probe needs TextCraft's programmatic branch labels (0 for other environments)")
     rtp = cfg.rollout.rubric_stage_tasks_per_step
     need(rtp is None or rtp > 0, "rollout.rubric_stage_tasks_per_step", f"must be positive (or null), got {rtp}")
     rst = cfg.rollout.rubric_stage_temperature
@@ -103,11 +103,9 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(w.demo_max_steps is None or w.demo_max_steps >= 1, "warmstart.demo_max_steps",
          f"must be ≥ 1 (or null), got {w.demo_max_steps}")
     need(w.child_rule == "greedy" or "warmstart.child_rule" in env.options, "warmstart.child_rule",
-         f"is not {env.name}'s: TextWorld-Sync's oracle reads it (the TextCraft oracle's sub-agents follow their "
-         "own goal already)")
+         "is TextWorld-Sync's (the TextCraft oracle's sub-agents follow their own goal already)")
     need(w.copy_task_set is None or "warmstart.copy_task_set" in env.options, "warmstart.copy_task_set",
-         f"is not {env.name}'s: TextWorld-Sync's oracle reads it (TextCraft's first-turn datums copy the demo "
-         "tasks' goals)")
+         "is TextWorld-Sync's (TextCraft's first-turn datums copy the demo tasks' goals)")
     need(not w.decay or w.steps > w.warmup_steps, "warmstart.decay",
          f"needs steps ({w.steps}) > warmup_steps ({w.warmup_steps})")
     need(0 <= w.fork_demo_tasks <= w.demo_tasks, "warmstart.fork_demo_tasks",
@@ -138,7 +136,7 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     # Test-time selection runs in both environments (docs/design/README.md, departure 4; the reference allows only
     # TextWorld).
     need(cfg.env.rules == "reference" or "env.rules" in env.options, "env.rules",
-         f"world rules apply to textworld_sync only, not {env.name}")
+         "world rules apply to textworld_sync only")
     needs_labels = method.execution_reward == "rao" or method.uses("rubric_generation")
     need(env.programmatic or not needs_labels or cfg.judge.kind != "programmatic", "judge.kind",
          f"{method.name} on {env.name} needs sub-agent labels from a judge (openai or policy_frozen)")
