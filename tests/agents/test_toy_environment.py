@@ -86,7 +86,7 @@ class CounterEpisode(Episode):
         outcome = await run.launcher.launch(LaunchRequest(
             run=run, parent=node, fork_step=turn.index, specs=[spec], parent_messages=list(self.messages),
             parent_action=turn.code, env=self.world, start_child=self._start_child))
-        dp.result = f"sub-agent finished: count {self.world.count}"
+        dp.kind, dp.result = outcome.kind, f"sub-agent finished: count {self.world.count}"
         return dp.result
 
     async def _start_child(self, spec: ChildSpec, env=None, gate=None) -> Node:
