@@ -115,5 +115,5 @@ def test_collection_that_finds_too_few_groups_says_so(cfg, tok, tmp_path):
                                       log=lambda _: None))
     assert not (tmp_path / "p.jsonl").exists()
     with pytest.raises(ValueError, match="TextCraft"):
-        tw = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="textworld"))
+        tw = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="textworld_sync"))
         asyncio.run(collect_probe_set(tw, never, tok, tmp_path / "p.jsonl", groups=2))
