@@ -135,7 +135,8 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
             turns, depth = _sub_agent_turns(cfg, tokenizer, oracle, world, goal_text(dish, spec), f"first{len(out)}"), 1
         (tokens, mask, logprobs, versions), = merge_turns(turns)
         out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
-                         scalar=1.0, objective="execution", traj_depth=depth, traj_start=0, node_id="first"))
+                         reward=1.0, advantage=1.0, objective="execution", traj_depth=depth, traj_start=0,
+                         node_id="first"))
     return out
 
 
@@ -157,7 +158,8 @@ def verdict_flip_datums(records: Sequence[tuple[Any, list[int], list[int]]], tok
         turn = _turn(tokenizer.encode(text), oracle.side_call(kind, text), tokenizer, 0)
         (tokens, mask, logprobs, versions), = merge_turns([turn])
         out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
-                         scalar=1.0, objective="scoring", traj_depth=0, traj_start=0, node_id=f"{kind}-flip"))
+                         reward=1.0, advantage=1.0, objective="scoring", traj_depth=0, traj_start=0,
+                         node_id=f"{kind}-flip"))
     return out
 
 

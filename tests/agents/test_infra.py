@@ -61,6 +61,6 @@ def test_a_killed_env_worker_marks_its_tree_and_credit_leaves_it_out(tc_task, to
     with_dead = task_group_credit("execution", [doomed, *ok], method, env="textcraft", filter_zero_variance=False)
     credited = loop._credit("execution", [doomed, *ok])
     without = task_group_credit("execution", ok, method, env="textcraft", filter_zero_variance=False)
-    assert credited.accepted and [d.scalar for d in credited.datums] == [d.scalar for d in without.datums]
+    assert credited.accepted and [d.advantage for d in credited.datums] == [d.advantage for d in without.datums]
     assert len(without.datums) < len(with_dead.datums)  # the dead tree's first turn would have trained
     assert not loop._credit("execution", [doomed]).accepted  # nothing of the policy's left: a replacement group

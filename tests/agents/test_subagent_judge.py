@@ -89,14 +89,14 @@ def test_child_that_completes_its_own_subgoal_is_rewarded_by_the_judge_not_the_w
     assert totals == {"candidates": 2, "labelled": 2, "failed": 0, "calls": 2, "prompt_tokens": 200,
                       "completion_tokens": 10, "unmetered_calls": 0} == tree.misc[STATS_KEY]
     # RAO execution rewards: root = world success (0), child 0 = its judge label 1, child 1 = 0.
-    got = {d.node_id: d.scalar for d in execution_datums(tree, mode="rao")}
+    got = {d.node_id: d.reward for d in execution_datums(tree, mode="rao")}
     assert got == {"root": 0.0, C0: 1.0, C1: 0.0}
     # The labels survive the JSONL records and reach the task group's advantages (root LOO baseline, §5.1).
     again = loads_tree(dumps_tree(tree))
     other = _tw_tree(tw_task, tok, rollout_index=1)
     asyncio.run(label_subagents([other], OwnGoalJudge()))
     g = task_group_credit("execution", [again, other], method_config("RAO"), env="textworld_sync")
-    assert {(d.rollout_index, d.node_id): d.scalar for d in g.datums}[(0, C0)] == pytest.approx(1.0)
+    assert {(d.rollout_index, d.node_id): d.advantage for d in g.datums}[(0, C0)] == pytest.approx(1.0)
     # TextCraft keeps its programmatic check, and SERA variants their rubric scores: the label is TW RAO's only.
     assert R.execution_reward(tree.nodes[C0], is_root=False, mode="rao", env="textworld_sync") == 1.0
 

@@ -46,6 +46,6 @@ def random_datums(rng: np.random.Generator, n: int, max_len: int = 60) -> list[D
         mask[-1] = 1
         out.append(Datum(tokens=tuple(int(t) for t in rng.integers(1, 50, L)), mask=tuple(mask),
                          logprobs=tuple(float(-x) if m else 0.0 for x, m in zip(rng.random(L), mask)),
-                         versions=tuple(3 if m else -1 for m in mask), scalar=float(rng.normal()),
-                         objective="execution", traj_depth=0, traj_start=1, node_id=f"n{i}"))
+                         versions=tuple(3 if m else -1 for m in mask), reward=(r := float(rng.normal())),
+                         advantage=r, objective="execution", traj_depth=0, traj_start=1, node_id=f"n{i}"))
     return out

@@ -286,8 +286,8 @@ def test_shipped_warm_start_is_the_default_configs():
 
 def _datum(n, tag=0):
     from sera_jax.rl.datums import Datum
-    return Datum(tokens=(tag,) * n, mask=(0,) + (1,) * (n - 1), logprobs=(0.0,) * n, versions=(0,) * n, scalar=1.0,
-                 objective="execution", traj_depth=0, traj_start=0, node_id=str(tag))
+    return Datum(tokens=(tag,) * n, mask=(0,) + (1,) * (n - 1), logprobs=(0.0,) * n, versions=(0,) * n,
+                 reward=1.0, advantage=1.0, objective="execution", traj_depth=0, traj_start=0, node_id=str(tag))
 
 
 def test_by_length_batches_fill_one_micro_batch_of_one_bucket_and_cover_every_datum():

@@ -91,7 +91,7 @@ def test_valid_rubric_and_score_textcraft(tc_task, tok):
     _no_rubric_in_agent_prompts(tree, tok)
     assert child.misc["rubric"]["rubric_call"]["prompt_tokens"] > 0 and child.misc["rubric"]["score_error"] == ""
     # The sub-agent's execution datums carry the score.
-    ds = {d.node_id: d.scalar for d in execution_datums(tree, mode="rubric")}
+    ds = {d.node_id: d.reward for d in execution_datums(tree, mode="rubric")}
     assert ds == {"root": tree.root.env_labels["success"], TC_CHILD: 0.8}
 
 
