@@ -26,6 +26,7 @@ from sera_jax.agents.textcraft_prompt import system_prompt, task_message
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
+from sera_jax.rl.rewards import env_success
 from sera_jax.warmstart.oracle import TextCraftOracle
 
 CALL_PREFIXES = ("rubric:", "score:", "judge:")  # side calls (the judge's: TextWorld's policy_frozen requests)
@@ -179,7 +180,7 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
         datums += goal_copy_datums(cfg, tokenizer, tasks, oracle, ws.copy_demos, ws.seed)
     roots = [t.nodes[t.root_id] for t in trees]
     stats = {"demo_trees": len(trees), "fork_demo_trees": split, "fork_groups": sum(len(t.fork_groups) for t in trees),
-             "oracle_root_success": float(np.mean([r.reward for r in roots])),
+             "oracle_root_success": float(np.mean([env_success(r) for r in roots])),
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "refused_launches": sum(not d.child_ids for t in trees for d in t.delegations),
              "sabotaged_children": sabotaged,

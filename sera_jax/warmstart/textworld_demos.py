@@ -34,6 +34,7 @@ from sera_jax.agents.truncation import build_prompt, continue_prompt
 from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
+from sera_jax.rl.rewards import env_success
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
 from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, flip_final_state, goal_text, next_action
 
@@ -197,7 +198,7 @@ async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]
     stats = {"demo_trees": len(trees), "fork_demo_trees": split, "fork_groups": sum(len(t.fork_groups) for t in trees),
              "ranked_fork_groups": sum(1 for t in trees for g in t.fork_groups
                                        if len({b.success for b in g.branches if b.success is not None}) == 2),
-             "oracle_root_success": float(np.mean([r.reward or 0.0 for r in roots])) if roots else 0.0,
+             "oracle_root_success": float(np.mean([env_success(r) for r in roots])) if roots else 0.0,
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "sabotaged_children": len(oracle.sabotaged),
              "judge_labels": {k: v.get("labelled", 0) for k, v in labels.items()},
