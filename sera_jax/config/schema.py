@@ -299,7 +299,7 @@ class RunConfig:
         return self.rollout.tasks_per_step if x is None else x
 
     def execution_filter_zero_variance(self) -> bool:
-        """Returns whether the execution stage rejects task groups whose datum scalars are all equal (§5.6, §11)."""
+        """Returns whether the execution stage rejects task groups whose datum advantages are all equal (§5.6, §11)."""
         flag = self.method.execution_filter_zero_variance_groups
         return self.env.name == "textcraft" if flag is None else flag
 
