@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -67,8 +68,9 @@ def _loss_hex(mb) -> str:
     # outside CISPO's clip), so the loss depends on every advantage.
     old = np.asarray(mb.old_logprobs, np.float32)
     logp = old + np.float32(0.8) * np.sin(np.arange(old.size, dtype=np.float32)).reshape(old.shape)
-    loss = cispo_loss(logp, old, np.asarray(mb.advantages), np.asarray(mb.loss_mask),
-                      num_tokens=np.asarray(mb.num_tokens))
+    with jax.default_device(jax.devices("cpu")[0]):  # recorded on CPU: an accelerator may sum in another order
+        loss = cispo_loss(logp, old, np.asarray(mb.advantages), np.asarray(mb.loss_mask),
+                          num_tokens=np.asarray(mb.num_tokens))
     return float(np.asarray(loss)).hex()
 
 
