@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sera_jax.agents.records import DelegationPoint, ForkGroup, Node, Tree, TreeIndex, Turn
+from sera_jax.agents.records import DelegationPoint, ForkGroup, Node, Reward, Tree, TreeIndex, Turn
 
 __all__ = ["render_html", "script_json", "esc"]
 
@@ -101,6 +101,12 @@ def _score_payload(payload: Any) -> str:
     return "".join(out) + "</div>"
 
 
+def _reward(r: Reward) -> str:
+    """Returns the graded parts of a node's reward ("env 1 · judge 0"), "" when nothing graded it."""
+    parts = [("env", r.environment), ("judge", r.judge), ("rubric", r.rubric_score)]
+    return " · ".join(f"{k} {_fmt(v)}" for k, v in parts if v is not None)
+
+
 def _turn(t: Turn, label: str = "turn") -> str:
     flags = " error" if t.error else ""
     summary = (f"{esc(label)} {t.index} · v{t.policy_version} · {len(t.completion_ids)} tokens · "
@@ -121,8 +127,8 @@ def _node(tree_i: int, node_i: dict[str, int], tree: Tree, idx: TreeIndex, nid: 
     n: Node = tree.nodes[nid]
     rs = n.rubric_score
     bits = [f'<span class="nid">{esc(nid)}</span>', f"depth {idx.depth[nid]}", f"{len(n.turns)} turns"]
-    if n.reward is not None:
-        bits.append(f"reward {esc(_fmt(n.reward))}")
+    if _reward(n.reward):
+        bits.append(f"reward {esc(_reward(n.reward))}")
     if "success" in n.env_labels:
         bits.append(f"label {esc(_fmt(n.env_labels['success']))}")
     if rs is not None:
@@ -139,7 +145,7 @@ def _node(tree_i: int, node_i: dict[str, int], tree: Tree, idx: TreeIndex, nid: 
     summary = " · ".join(bits) + f' <span class="goal">{esc(goal_line)}</span>'
     body = [_pre("goal", n.goal, "goalfull"),
             _kv([("task", n.task_id), ("max steps", n.max_steps), ("parent", n.parent_id),
-                 ("fork step", n.fork_step), ("reward", n.reward), ("advantage (root LOO)", adv)]),
+                 ("fork step", n.fork_step), ("reward", _reward(n.reward) or None), ("advantage (root LOO)", adv)]),
             _pre("env labels", n.env_labels), _pre("finish message", n.finish_message),
             _pre("error message", n.error_message, "err")]
     if rs is not None:
@@ -186,7 +192,7 @@ def _fork_group(g: ForkGroup) -> str:
 def _tree(i: int, tree: Tree, adv: float | None) -> str:
     idx = TreeIndex.build(tree)
     root = tree.nodes.get(tree.root_id)
-    reward = root.reward if root is not None else None
+    reward = root.reward.environment if root is not None else None
     summary = (f"tree {i}: {esc(tree.id)} · task {esc(tree.task_id)} · stage {esc(_fmt(tree.stage))} · "
                f"policy v{esc(_fmt(tree.policy_version))} · {len(tree.nodes)} nodes · root reward {esc(_fmt(reward))}"
                + (f" · advantage {esc(_fmt(adv))}" if adv is not None else ""))

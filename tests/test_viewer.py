@@ -88,6 +88,7 @@ def report(tmp_path_factory):
     second.nodes = {k: dataclasses.replace(v, turns=list(v.turns)) for k, v in tree.nodes.items()}
     second.nodes["root"].turns[-1] = dataclasses.replace(second.nodes["root"].turns[-1],
                                                         reward_misc={"reward/success": 0.0})
+    second.nodes["root"].reward = dataclasses.replace(second.nodes["root"].reward, environment=0.0)
     write_jsonl([tree, second], jsonl)
     out = d / "report.html"
     assert view_main([str(jsonl), "-o", str(out), "--title", "viewer test"]) == 0

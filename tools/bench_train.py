@@ -83,8 +83,8 @@ def make_datums(cfg: Qwen3Config, tokens: int, row_len: int, seed: int = 0) -> l
         logp = np.concatenate([[0.0], -np.log(cfg.vocab_size) + rng.normal(0, 0.8, n - 1)])
         out.append(Datum(tokens=tuple(int(t) for t in rng.integers(0, cfg.vocab_size, n)),
                          mask=(0,) * prompt + (1,) * (n - prompt), logprobs=tuple(float(x) for x in logp),
-                         versions=(0,) * n, scalar=float(rng.normal()), objective="execution", traj_depth=0,
-                         traj_start=1))
+                         versions=(0,) * n, reward=0.0, advantage=float(rng.normal()), objective="execution",
+                         traj_depth=0, traj_start=1))
         total += n
     return out
 

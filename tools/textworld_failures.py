@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sera_jax.agents.records import read_jsonl
+from sera_jax.rl.rewards import env_success
 from sera_jax.warmstart.textworld_oracle import dish_specs, ingredient_names, next_action, prompt_view
 
 MODES = ("root acted alone", "root stuck after its sub-agents returned", "other")
@@ -68,7 +69,7 @@ def tree_view(tree) -> dict:
     """Returns one tree's failure mode and counts (see the module docstring); ``stuck_turn`` is the root's first
     invalid turn after its children returned, when the mode is the stuck one."""
     root = tree.nodes[tree.root_id]
-    solved = (root.reward or 0.0) == 1.0
+    solved = env_success(root) == 1.0
     delegations = [d for d in tree.delegations if d.parent_id == tree.root_id and d.child_ids]
     post = root.turns[delegations[-1].fork_step + 1:] if delegations else []
     invalid_post = [t for t in post if t.error]

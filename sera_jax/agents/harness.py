@@ -247,8 +247,7 @@ async def run_episode(ep: Episode) -> Node:
             node.misc["label_error"] = f"{type(e).__name__}: {e}"
             node.rollout_error_zero_reward = True
             infra.mark_node(node, e)
-            node.env_labels.setdefault("success", 0.0)
-            node.reward = 0.0
+            node.env_labels.setdefault("success", 0.0)  # the reward is zeroed by the flag when read
     finally:
         if gate is not None:
             gate.leave(node.id)

@@ -1,7 +1,7 @@
 """Labels of counterfactual branches (docs/design/algorithm.md §4): programmatic for TextCraft, a binary judge for TextWorld.
 
 * ``ProgrammaticJudge`` — TextCraft: success iff some turn of the branch (scanning from the last) has
-  ``reward/success`` > 0, else the trajectory reward > 0 (the checker ran on finish: crafted delta ≥ targets).
+  ``reward/success`` > 0, else its final check's label ``env_labels["success"]`` > 0 (crafted delta ≥ targets).
 * ``ChatJudge`` — an OpenAI-compatible ``/chat/completions`` endpoint given in config (the paper used an external
   model), asked with ``httpx``'s async client: no thread per request, one connection pool per event loop (keep-alive
   across labels, at most ``max_connections`` open). Each attempt has a timeout bounding the whole request (connect,
@@ -139,7 +139,8 @@ class ProgrammaticJudge:
         for t in reversed(node.turns):
             if "reward/success" in t.reward_misc and float(t.reward_misc["reward/success"]) > 0:
                 return Label(True, "checker: targets crafted")
-        return Label(bool((node.reward or 0.0) > 0 and not node.rollout_error_zero_reward), "checker")
+        return Label(bool(float(node.env_labels.get("success", 0.0)) > 0 and not node.rollout_error_zero_reward),
+                     "checker")
 
 
 class ChatJudge:

@@ -18,12 +18,23 @@ Schema (field: type — meaning)
     thought: str, code: str       — the parsed action (TextCraft cell; TextWorld: the whole reply text)
     output: str, error: str       — observation / cell output and the error line ("" when none)
     reward: float                 — step reward
-    reward_misc: dict             — "reward/success", "reward/filter_success", "reward/code_success",
-                                    "final_inventory", ... as written by the env checker and the rubric scorer
+    reward_misc: dict             — the env checker's step record: "reward/success" (TextCraft: its verdict when the
+                                    cell finished), "final_inventory", ... (older records also carry the rubric
+                                    scorer's "reward/code_success", "reward/filter_success", "reward/rubric_score")
     misc: dict                    — anything else (usage, model name, prompt messages)
 
-``RubricScore`` — a rubric score applied to a sub-agent in the execution stage (docs/design/algorithm.md §3.7).
+``RubricScore`` — the scorer's record of a rubric score applied to a sub-agent in the execution stage
+(docs/design/algorithm.md §3.7); the reward it gives is ``Node.reward.rubric_score``.
     score: float, success: bool, original_binary_reward: float, rubric: dict | None, score_payload: dict | None
+
+``Reward`` — what a node was graded, one value per provenance (None: that grader did not grade it). Each grader
+writes its own field once; ``rl.rewards`` picks the one the method trains on. A rollout error zeroes them all when
+read (``Node.rollout_error_zero_reward``), not when written.
+    environment: float | None     — the environment's check (TextCraft: the checker's verdict when the finishing cell
+                                    ran; a rubric-scored child: its label when it returned to the parent)
+    judge: float | None           — the execution judge's label of a TextWorld sub-agent (RAO family), 1.0 / 0.0
+    rubric_score: float | None    — the rubric score of a sub-agent (SERA family; the env value under the
+                                    ``fallback_binary`` failure policy)
 
 ``Node`` — one agent (a "trajectory").
     id: str; goal: str; task_id: str; max_steps: int
@@ -32,8 +43,8 @@ Schema (field: type — meaning)
     parent_id: str | None; fork_step: int | None  — the parent step whose code launched this node
     turns: list[Turn]
     finish_message: str | None; error_message: str | None
-    env_labels: dict              — programmatic / judge labels, e.g. {"success": 1.0}
-    reward: float | None          — trajectory reward slot (env success, or the rubric score once applied)
+    env_labels: dict              — the environment's labels, e.g. {"success": 1.0, "reason": ...}
+    reward: Reward                — the node's reward by provenance (older records: a float, read as below)
     rubric_score: RubricScore | None
     rollout_error_zero_reward: bool; skip_gradient_update: bool
     fork_group_id: str | None; branch_index: int | None  — set on counterfactual branch nodes
@@ -61,6 +72,9 @@ Schema (field: type — meaning)
 Tree reconstruction (§1.6) is ``TreeIndex``: parent = ``parent_id`` if it is in the tree, else the node is a
 root; depth = number of parent links to a root; children sorted by id; roots sorted; leaves = nodes without
 children; descendant leaves of v = the leaves of v's subtree (v itself when v is a leaf).
+
+Records written before ``Reward`` existed hold a float (or null) ``reward`` and keep the rest in the other fields;
+``legacy_reward`` reads them as the credit code of that time did, so old tree files load and train the same.
 """
 
 from __future__ import annotations
@@ -73,7 +87,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 __all__ = [
-    "Turn", "RubricScore", "Node", "Branch", "ForkGroup", "DelegationPoint", "Tree", "TreeIndex",
+    "Turn", "RubricScore", "Reward", "legacy_reward", "Node", "Branch", "ForkGroup", "DelegationPoint", "Tree",
+    "TreeIndex",
     "tree_to_dict", "tree_from_dict", "write_jsonl", "read_jsonl", "dumps_tree", "loads_tree",
 ]
 
@@ -110,6 +125,16 @@ class RubricScore:
     score_payload: dict[str, Any] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """A node's reward by provenance (see the module docstring): each grader writes its own field; a rubric score
+    also re-reads ``environment`` from the child's label at its return."""
+
+    environment: float | None = None
+    judge: float | None = None
+    rubric_score: float | None = None
+
+
 @dataclasses.dataclass
 class Node:
     id: str
@@ -124,7 +149,7 @@ class Node:
     finish_message: str | None = None
     error_message: str | None = None
     env_labels: dict[str, Any] = dataclasses.field(default_factory=dict)
-    reward: float | None = None
+    reward: Reward = dataclasses.field(default_factory=Reward)
     rubric_score: RubricScore | None = None
     rollout_error_zero_reward: bool = False
     skip_gradient_update: bool = False
@@ -268,6 +293,26 @@ class TreeIndex:
 
 # ------------------------------------------------------------------------------------------------------ JSONL
 
+def legacy_reward(node: Node, reward: float | None = None) -> Reward:
+    """Returns the ``Reward`` of a node recorded before it carried one, from the fields that held it then:
+    environment = the summed ``reward/code_success`` of its turns (the env value a rubric score kept), else the
+    summed ``reward/success``, else ``env_labels["success"]``, else the old float ``reward`` (None when none is
+    there); judge = ``env_labels["judge_success"]``; rubric_score = ``rubric_score.score``."""
+    env = None
+    for key in ("reward/code_success", "reward/success"):
+        vals = [t.reward_misc[key] for t in node.turns if key in t.reward_misc]
+        if vals:
+            env = float(sum(vals))
+            break
+    if env is None and "success" in node.env_labels:
+        env = float(node.env_labels["success"])
+    if env is None and reward is not None:
+        env = float(reward)
+    judge = node.env_labels.get("judge_success")
+    return Reward(environment=env, judge=None if judge is None else float(judge),
+                  rubric_score=None if node.rubric_score is None else float(node.rubric_score.score))
+
+
 def _from(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild a record dataclass from its dict, converting the nested record fields."""
     kw = dict(data)
@@ -275,6 +320,9 @@ def _from(cls: type, data: dict[str, Any]) -> Any:
         kw["turns"] = [_from(Turn, t) for t in kw.get("turns", [])]
         if kw.get("rubric_score") is not None:
             kw["rubric_score"] = _from(RubricScore, kw["rubric_score"])
+        old = kw.pop("reward", None)
+        if isinstance(old, dict):
+            kw["reward"] = _from(Reward, old)
     elif cls is ForkGroup:
         kw["branches"] = [_from(Branch, b) for b in kw.get("branches", [])]
         kw["score_turns"] = [_from(Turn, t) for t in kw.get("score_turns", [])]
@@ -289,7 +337,10 @@ def _from(cls: type, data: dict[str, Any]) -> Any:
     if unknown:
         # Refuse rather than drop: silently losing a field would break the lossless guarantee.
         raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
-    return cls(**kw)
+    obj = cls(**kw)
+    if cls is Node and "reward" not in kw:  # written before Reward: read from the fields that held it then
+        obj.reward = legacy_reward(obj, old)
+    return obj
 
 
 def tree_to_dict(tree: Tree) -> dict[str, Any]:

@@ -115,8 +115,7 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
         except asyncio.TimeoutError:
             tree.misc["error"] = f"tree timeout after {settings.tree_timeout_s:g} s"
             for node in tree.nodes.values():
-                node.rollout_error_zero_reward = True
-                node.reward = 0.0
+                node.rollout_error_zero_reward = True  # zeroes the node's reward when read
         try:
             tree.misc["final_digest"] = await env.digest()
         except Exception as e:  # noqa: BLE001  (a dead worker: the nodes already carry the error)
@@ -130,7 +129,6 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
                          max_steps=settings.max_steps)
         tree.root.error_message = tree.misc["error"]
         tree.root.rollout_error_zero_reward = True
-        tree.root.reward = 0.0
     finally:
         if env is not None:
             try:

@@ -7,7 +7,7 @@ Two uses of a configured judge (``judge.py``: ``ChatJudge``, ``PolicyJudge``, or
   TextWorld's world check means "the whole shared task is solved", so it cannot grade a sub-task: after a root
   rollout ends, every non-root node is judged once (the judge prompt asks whether the sub-agent completed *its own*
   assigned goal for its immediate parent; reply a strict JSON boolean). ``label_subagents`` writes the label to
-  ``node.env_labels["judge_success"]`` (1.0 / 0.0), which ``rl.rewards.execution_reward`` takes as the sub-agent's
+  ``node.reward.judge`` (1.0 / 0.0), which ``rl.rewards.execution_reward`` takes as the sub-agent's
   reward; the root keeps its programmatic world success and is never judged. One attempt, no retry (the reference's
   execution judge; ``max_attempts=1``). A failed call (transport error, timeout, invalid reply, an exception) marks
   that node ``skip_gradient_update``: its tokens leave training, the tree stays whole (root, siblings, descendants,
@@ -32,16 +32,16 @@ Concurrency: the reference keeps 16 judge requests in flight per rank, shared by
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from sera_jax.agents.judge import Label, with_attempts
 from sera_jax.agents.records import Node, Tree, TreeIndex
 
-__all__ = ["LABEL_KEY", "SPENT_KEY", "STATS_KEY", "BRANCH_KEY", "BRANCH_STATS_KEY", "DeferredJudge",
+__all__ = ["SPENT_KEY", "STATS_KEY", "BRANCH_KEY", "BRANCH_STATS_KEY", "DeferredJudge",
            "SubagentJudge", "judge_record", "label_subagents", "label_fork_groups"]
 
-LABEL_KEY = "judge_success"                  # node.env_labels: the execution judge's label, 1.0 or 0.0
 SPENT_KEY = "execution_judge"                # node.misc: the execution label's record (judge_record)
 STATS_KEY = "execution_judge_stats"          # tree.misc: the execution judge's totals over the tree
 BRANCH_KEY = "judge_label"                   # node.misc of a branch: its label's record (as the collector writes it)
@@ -107,7 +107,7 @@ class SubagentJudge:
 
     # -- execution labels (RAO family, TextWorld) -------------------------------------------------------------
     async def label_subagents(self, trees: Sequence[Tree]) -> dict[str, int]:
-        """Judges every non-root node of ``trees`` not judged before, once; writes ``env_labels["judge_success"]``
+        """Judges every non-root node of ``trees`` not judged before, once; writes ``node.reward.judge``
         or, on failure, ``skip_gradient_update``; returns the totals over these trees (also per tree in
         ``tree.misc["execution_judge_stats"]``)."""
         jobs: list[tuple[Tree, Node, str]] = []
@@ -115,7 +115,7 @@ class SubagentJudge:
             idx = TreeIndex.build(tree)
             for nid in sorted(tree.nodes, key=lambda i: (idx.depth[i], i)):
                 node, parent = tree.nodes[nid], idx.parent[nid]
-                if parent is None or LABEL_KEY in node.env_labels or SPENT_KEY in node.misc:
+                if parent is None or node.reward.judge is not None or SPENT_KEY in node.misc:
                     continue
                 jobs.append((tree, node, tree.nodes[parent].goal))
         labels = await asyncio.gather(*(self.label(node, goal) for _, node, goal in jobs))
@@ -126,7 +126,7 @@ class SubagentJudge:
             if label.success is None:
                 node.skip_gradient_update = True  # this sub-agent's tokens leave training; the tree stays
             else:
-                node.env_labels[LABEL_KEY] = 1.0 if label.success else 0.0
+                node.reward = dataclasses.replace(node.reward, judge=1.0 if label.success else 0.0)
             _add(per_tree[tree.id], rec)
         total = _totals()
         for tree in trees:

@@ -10,6 +10,7 @@ cell (``asyncio.gather``) share ``fork_step`` and run concurrently on the shared
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from envs_py.textcraft.cells import (
@@ -119,7 +120,11 @@ class CodeActEpisode(Episode):
         success = 1.0 if (check.success and self.node.finish_message is not None) else 0.0
         self.node.env_labels["success"] = success
         self.node.env_labels["reason"] = check.reason
-        self.node.reward = 0.0 if self.node.rollout_error_zero_reward else success
+        # The reward is the checker's verdict when the finishing cell ran (recorded on that turn): siblings share the
+        # inventory and may spend the agent's crafts before this final check. No cell ran: this check.
+        verdicts = [t.reward_misc["reward/success"] for t in self.node.turns if "reward/success" in t.reward_misc]
+        self.node.reward = dataclasses.replace(self.node.reward,
+                                               environment=float(sum(verdicts)) if verdicts else success)
 
     # -- launch_subagent --------------------------------------------------------------------------------------
     async def _launch(self, agent_id: str, req: dict) -> str:

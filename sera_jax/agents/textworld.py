@@ -16,6 +16,7 @@ The current observation is in every per-turn message anyway. ``prompt_style: com
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from envs_py.textworld_sync import messages as M
@@ -163,9 +164,7 @@ class TextWorldEpisode(Episode):
         obs, infos = await self.env.observe(node.id)
         success = 1.0 if check.success else 0.0
         node.env_labels.update({"success": success, "reason": check.reason})
-        node.reward = 0.0 if node.rollout_error_zero_reward else success
-        if node.turns:
-            node.turns[-1].reward_misc["reward/success"] = success
+        node.reward = dataclasses.replace(node.reward, environment=success)
         node.misc.update({
             "returned_to_parent": node.depth > 0 and node.finish_message is not None,
             "environment_success": bool(check.success), "environment_done": bool(infos.get("done")),

@@ -301,7 +301,7 @@ class RunConfig:
         return self.rollout.tasks_per_step if x is None else x
 
     def execution_filter_zero_variance(self) -> bool:
-        """Returns whether the execution stage rejects task groups whose datum scalars are all equal (§5.6, §11)."""
+        """Returns whether the execution stage rejects task groups whose datum advantages are all equal (§5.6, §11)."""
         flag = self.method.execution_filter_zero_variance_groups
         return environment(self.env.name).filter_zero_variance if flag is None else flag
 

@@ -22,7 +22,8 @@ from sera_jax.model import Qwen3Config, abstract_params
 from sera_jax.parallel.mesh import activate
 from sera_jax.parallel.rules import TRAIN_RULES, Rules
 from sera_jax.profiling import fsdp, hlo
-from sera_jax.rl.batch import MicroBatch, bucket_length
+from sera_jax.rl.batch import MicroBatch
+from sera_jax.rl.shapes import bucket_length, rows_per_micro_batch
 from sera_jax.rl.losses import StepConfig
 from sera_jax.training.step import (
     abstract_micro_batch,
@@ -74,11 +75,11 @@ def abstract_batch(mesh: Mesh, micro: int, rows: int, row_len: int, rules: Rules
 def step_shapes(token_budget: int, buckets: Sequence[int], context_tokens: int, batch_split: int
                 ) -> list[tuple[int, int]]:
     """Returns the (rows, row_len) of the micro-batches the loop can build: every bucket up to the one holding a
-    whole context, ``max(1, token_budget // T)`` rows per device of the mesh's batch split (``rl.batch``)."""
+    whole context, ``max(1, token_budget // T)`` rows per device of the mesh's batch split (``rl.shapes``)."""
     longest = bucket_length(context_tokens, buckets)
     out = []
     for t in sorted(b for b in buckets if b <= longest):
-        out.append((max(1, token_budget // t) * batch_split, t))
+        out.append((rows_per_micro_batch(token_budget, t, batch_split), t))
     return out
 
 

@@ -71,8 +71,8 @@ def synthetic_datums(cfg, rows: int, row_len: int, seq_min: int, seed: int = 0) 
             prompt = (n + 1) // 2
             out.append(Datum(tokens=tuple(int(t) for t in toks), mask=(0,) * prompt + (1,) * (n + 1 - prompt),
                              logprobs=tuple(float(x) for x in logp), versions=(0,) * (n + 1),
-                             scalar=float(rng.choice([-1.0, 1.0])), objective="execution", traj_depth=0,
-                             traj_start=1))
+                             reward=0.0, advantage=float(rng.choice([-1.0, 1.0])), objective="execution",
+                             traj_depth=0, traj_start=1))
     return out
 
 

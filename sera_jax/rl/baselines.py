@@ -3,7 +3,8 @@ assembly ``task_group_credit`` (datums + advantages + the zero-variance verdict 
 
 Array functions (``loo_advantages``, ``execution_advantages``, ``root_balanced_advantages``, ``depth_weights``,
 ``gamma_depth_weights``) are the specification; the ``assign_*`` / ``apply_*`` helpers apply them to lists of
-``Datum`` for one task group or one step batch. No std normalisation anywhere.
+``Datum`` for one task group or one step batch. Baselines read ``Datum.reward`` and write ``Datum.advantage``; depth
+weighting writes ``Datum.weight`` only (``rl.batch`` multiplies). No std normalisation anywhere.
 """
 
 from __future__ import annotations
@@ -124,31 +125,35 @@ def step_is_skipped(num_trainable: int, num_ranks: int = 8) -> bool:
 
 # ----------------------------------------------------------------------------------------- on lists of datums
 
-def _with(datums: Sequence[Datum], scalars: Sequence[float]) -> list[Datum]:
-    return [dataclasses.replace(d, scalar=float(s)) for d, s in zip(datums, scalars)]
+def _with_advantages(datums: Sequence[Datum], advantages: Sequence[float]) -> list[Datum]:
+    return [dataclasses.replace(d, advantage=float(a)) for d, a in zip(datums, advantages)]
+
+
+def _with_weights(datums: Sequence[Datum], weights: Sequence[float]) -> list[Datum]:
+    return [dataclasses.replace(d, weight=float(w)) for d, w in zip(datums, weights)]
 
 
 def assign_execution_advantages(datums: Sequence[Datum], root_rewards: Sequence[float]) -> list[Datum]:
-    """Returns the task group's execution datums with scalar = execution advantage; ``root_rewards[i]`` is the root
-    reward of the rollout whose ``rollout_index`` is i."""
-    adv = execution_advantages([d.scalar for d in datums], [d.rollout_index for d in datums], root_rewards)
-    return _with(datums, adv)
+    """Returns the task group's execution datums with their execution advantage set; ``root_rewards[i]`` is the
+    root reward of the rollout whose ``rollout_index`` is i."""
+    adv = execution_advantages([d.reward for d in datums], [d.rollout_index for d in datums], root_rewards)
+    return _with_advantages(datums, adv)
 
 
 def assign_delegation_advantages(datums: Sequence[Datum], num_rollouts: int) -> list[Datum]:
-    """Returns the task group's launch datums with scalar = root-balanced LOO advantage ([] if G < 2)."""
+    """Returns the task group's launch datums with their root-balanced LOO advantage set ([] if G < 2)."""
     if num_rollouts < 2:
         return []
-    adv = root_balanced_advantages([d.scalar for d in datums], [d.rollout_index for d in datums], num_rollouts)
-    return _with(datums, adv)
+    adv = root_balanced_advantages([d.reward for d in datums], [d.rollout_index for d in datums], num_rollouts)
+    return _with_advantages(datums, adv)
 
 
 def assign_rubric_advantages(datums: Sequence[Datum]) -> list[Datum]:
-    """Returns the task group's rubric datums with scalar = LOO over its ranked groups (0 when K = 1);
-    non-trainable placeholders pass through unchanged."""
+    """Returns the task group's rubric datums with advantage = LOO of their rewards over its ranked groups (0 when
+    K = 1); non-trainable placeholders pass through unchanged."""
     live = [d for d in datums if d.trainable]
-    adv = np.asarray(loo_advantages([d.scalar for d in live], [0] * len(live))) if live else []
-    it = iter(_with(live, adv))
+    adv = np.asarray(loo_advantages([d.reward for d in live], [0] * len(live))) if live else []
+    it = iter(_with_advantages(live, adv))
     return [next(it) if d.trainable else d for d in datums]
 
 
@@ -165,8 +170,9 @@ def depth_histogram(datums: Sequence[Datum]) -> dict[int, tuple[int, int]]:
 
 def apply_depth_weights(datums: Sequence[Datum], gamma: float | None = None,
                         histogram: Mapping[int, tuple[int, int]] | None = None) -> list[Datum]:
-    """Returns the step batch's trainable datums with scalar × depth weight (inverse trajectory frequency, or
-    γ^depth when ``gamma`` is set); non-trainable datums are removed first, as the trainer does.
+    """Returns the step batch's trainable datums with their depth weight set (inverse trajectory frequency, or
+    γ^depth when ``gamma`` is set; ``rl.batch`` trains on advantage × weight); non-trainable datums are removed
+    first, as the trainer does.
 
     ``histogram`` is the whole step's ``depth_histogram`` when ``datums`` are one process's share of it (a
     multi-host step): the weights are then those of the whole batch. None: ``datums`` are the whole batch."""
@@ -175,20 +181,18 @@ def apply_depth_weights(datums: Sequence[Datum], gamma: float | None = None,
         if gamma is not None:
             count = sum(c for c, _ in histogram.values())
             mean = sum(c * float(gamma) ** d for d, (c, _) in histogram.items()) / count if count else 0.0
-            return _with(live, [d.scalar * (float(gamma) ** d.traj_depth / mean if mean > 0 else 1.0)
-                                for d in live])
+            return _with_weights(live, [float(gamma) ** d.traj_depth / mean if mean > 0 else 1.0 for d in live])
         w = depth_weights({d: t for d, (_, t) in histogram.items()}, {d: c for d, (c, _) in histogram.items()})
-        return _with(live, [d.scalar * w[d.traj_depth] for d in live])
+        return _with_weights(live, [w[d.traj_depth] for d in live])
     if gamma is not None:
-        return _with(live, [d.scalar * w for d, w in zip(live, gamma_depth_weights([d.traj_depth for d in live],
-                                                                                    gamma))])
+        return _with_weights(live, gamma_depth_weights([d.traj_depth for d in live], gamma))
     traj: dict[int, int] = {}
     cnt: dict[int, int] = {}
     for d in live:
         cnt[d.traj_depth] = cnt.get(d.traj_depth, 0) + 1
         traj[d.traj_depth] = traj.get(d.traj_depth, 0) + d.traj_start
     w = depth_weights(traj, cnt)
-    return _with(live, [d.scalar * w[d.traj_depth] for d in live])
+    return _with_weights(live, [w[d.traj_depth] for d in live])
 
 
 # ------------------------------------------------------------------------------------------ one task group
@@ -223,7 +227,7 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
         roots = [env_success(t.nodes[TreeIndex.build(t).root]) for t in trees]
         ds = assign_execution_advantages(ds, roots)
         reject = spec.filter_zero_variance if filter_zero_variance is None else filter_zero_variance
-        if reject and is_zero_variance([d.scalar for d in ds]):
+        if reject and is_zero_variance([d.advantage for d in ds]):
             return GroupCredit([], False)
         # Kept (TextWorld, docs/design/recipes.md §1b): an all-equal group stays trainable, its zero advantages count in the
         # token-mean denominator and it fills its rank's slot.
@@ -244,14 +248,14 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
         if mode == "reward_first_root_balanced":
             ds = assign_delegation_advantages(ds, len(trees))
         elif mode == "reward_first_flat":
-            ds = _with(ds, np.asarray(loo_advantages([d.scalar for d in ds], [0] * len(ds))))
+            ds = _with_advantages(ds, np.asarray(loo_advantages([d.reward for d in ds], [0] * len(ds))))
         elif mode == "credit_weighted_root":
             R = np.array([env_success(t.nodes[TreeIndex.build(t).root]) for t in trees])
             loo = R - (R.sum() - R) / (len(R) - 1)
-            ds = _with(ds, [d.meta["weight"] * loo[d.rollout_index] for d in ds])
+            ds = _with_advantages(ds, [d.meta["weight"] * loo[d.rollout_index] for d in ds])
         else:
             raise ValueError(f"unknown launch advantage mode {mode!r}")
-        if method.delegation_filter_zero_variance_groups and is_zero_variance([d.scalar for d in ds]):
+        if method.delegation_filter_zero_variance_groups and is_zero_variance([d.advantage for d in ds]):
             return GroupCredit([], False)
         return GroupCredit(ds, True)
     if stage == "rubric_generation":
@@ -264,10 +268,10 @@ def task_group_credit(stage: str, trees: Sequence[Tree], method: MethodConfig, *
 
 
 def _signed(datums: Sequence[Datum], sign: float) -> list[Datum]:
-    """Returns ``datums`` with trainable scalars times ``sign`` (the ``rubric_advantage_sign`` control)."""
+    """Returns ``datums`` with trainable advantages times ``sign`` (the ``rubric_advantage_sign`` control)."""
     if sign == 1.0:
         return list(datums)
-    return [dataclasses.replace(d, scalar=sign * d.scalar) if d.trainable else d for d in datums]
+    return [dataclasses.replace(d, advantage=sign * d.advantage) if d.trainable else d for d in datums]
 
 
 # ------------------------------------------------------------------------------------- the step's task groups
@@ -275,16 +279,14 @@ def _signed(datums: Sequence[Datum], sign: float) -> list[Datum]:
 def step_rubric_rewards(groups: Sequence[GroupCredit]) -> list[float]:
     """Returns the ranking rewards of the step's live rubric datums in order (what ``step_rubric_credit`` pools)."""
     live = [d for g in groups for d in g.datums if d.trainable and d.objective == "rubric_generation"]
-    if any("reward" not in d.meta for d in live):
-        raise ValueError("rubric datums carry no ranking reward (meta['reward']); built by rubric_datums?")
-    return [float(d.meta["reward"]) for d in live]
+    return [float(d.reward) for d in live]
 
 
 def step_rubric_credit(groups: Sequence[GroupCredit], sign: float = 1.0, *, pool: Sequence[float] | None = None,
                        offset: int = 0) -> list[GroupCredit]:
     """Returns the step's rubric-generation task groups with every ranked fork group's advantage re-based on the
     leave-one-out mean of *all* the step's ranked groups (``method.rubric_baseline_scope = "step"``) instead of
-    its own task's (§5.2). Each datum's ranking reward is read from ``meta["reward"]``; placeholders and other
+    its own task's (§5.2). Each datum's ranking reward is its ``reward``; placeholders and other
     stages' datums pass through. With K = 1 in the whole step the advantage is 0, as in §5.2. ``sign`` is
     ``method.rubric_advantage_sign`` (-1: the flipped control).
 
@@ -301,5 +303,5 @@ def step_rubric_credit(groups: Sequence[GroupCredit], sign: float = 1.0, *, pool
     if not live:
         return list(groups)
     adv = np.asarray(loo_advantages(list(pool), [0] * len(pool)))[offset:offset + len(live)]
-    new = {id(d): dataclasses.replace(d, scalar=sign * float(a)) for d, a in zip(live, adv)}
+    new = {id(d): dataclasses.replace(d, advantage=sign * float(a)) for d, a in zip(live, adv)}
     return [GroupCredit([new.get(id(d), d) for d in g.datums], g.accepted) for g in groups]

@@ -3,8 +3,9 @@
 Each datum of L tokens becomes one packed sequence of L − 1 positions (position t predicts token t + 1, so the
 loss mask, advantages and behaviour logprobs are those of the *target* token). Sequences are packed first-fit
 decreasing into rows of a bucketed length T; a micro-batch is ``rows = max(1, token_budget // T)`` rows per device
-(``row_groups`` devices share a micro-batch's rows), so every
-micro-batch of a step has the same [B, T] shape and shapes repeat across steps (no recompilation). Segment ids are
+(``row_groups`` devices share a micro-batch's rows; both rules live in ``rl.shapes``), so every
+micro-batch of a step has the same [B, T] shape and shapes repeat across steps (no recompilation). A trained
+position's advantage is its datum's advantage × weight, clipped. Segment ids are
 1-based per sequence within a row (0 = padding) and positions restart at 0 for each sequence, which is what the
 model's packed attention needs. ``num_tokens`` is the global count of loss-masked tokens of the step, put on every
 micro-batch so the losses of the micro-batches add up to the loss of the whole step.
@@ -20,12 +21,10 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from sera_jax.rl.datums import Datum
+from sera_jax.rl.shapes import DEFAULT_BUCKETS, bucket_length, rows_per_micro_batch
 
 __all__ = ["MicroBatch", "PackedStep", "DEFAULT_BUCKETS", "bucket_length", "first_fit_decreasing", "pack_datums",
            "count_loss_tokens"]
-
-DEFAULT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
-
 
 # Host (numpy) arrays when packed, device arrays once placed: the step takes either.
 HostOrDevice = Array | np.ndarray
@@ -38,7 +37,7 @@ class MicroBatch:
     positions: Int[HostOrDevice, "B T"]       # restart at 0 for each packed sequence
     segment_ids: Int[HostOrDevice, "B T"]     # 1..k per sequence within a row, 0 = padding
     loss_mask: Float[HostOrDevice, "B T"]     # 1 where the target token is trained
-    advantages: Float[HostOrDevice, "B T"]    # the datum scalar on every trained position, 0 elsewhere
+    advantages: Float[HostOrDevice, "B T"]    # the datum's clipped advantage × weight on trained positions, else 0
     old_logprobs: Float[HostOrDevice, "B T"]  # behaviour logprob of the target token
     num_tokens: Int[HostOrDevice, ""]         # loss-masked tokens in the whole step (all micro-batches)
 
@@ -71,14 +70,6 @@ def first_fit_decreasing(lengths: Sequence[int], row_len: int) -> tuple[list[tup
     return placed, free
 
 
-def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
-    """Returns the smallest bucket ≥ n; raises ValueError when n exceeds the largest bucket."""
-    for b in sorted(buckets):
-        if b >= n:
-            return b
-    raise ValueError(f"sequence of {n} positions exceeds the largest bucket {max(buckets)}")
-
-
 def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
                 buckets: Sequence[int] = DEFAULT_BUCKETS, row_len: int | None = None,
                 num_tokens: int | None = None, pad_id: int = 0, advantage_clip: float | None = 20.0,
@@ -88,8 +79,9 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
     budget is per device, like the reference's per-rank ``max_tokens_per_mb``.
 
     ``row_len`` fixes T (else the smallest bucket holding the longest sequence); ``num_tokens`` overrides the
-    global loss-token count (pass the all-ranks total when each rank packs only its share). Advantages are clipped to
-    ±``advantage_clip`` (the reference trainer's default of 20; None = no clip). Datums with fewer than two tokens
+    global loss-token count (pass the all-ranks total when each rank packs only its share). Each datum trains on its
+    advantage × weight, clipped to ±``advantage_clip`` (the reference trainer's default of 20; None = no clip); a
+    datum without an advantage (no baseline ran) is refused with ValueError. Datums with fewer than two tokens
     carry no target and are left out (their placement is (-1, -1, -1, 0)).
     """
     lengths = [max(len(d.tokens) - 1, 0) for d in datums]
@@ -97,7 +89,7 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
     T = row_len if row_len is not None else bucket_length(max(longest, 1), buckets)
     if longest > T:
         raise ValueError(f"sequence of {longest} positions does not fit rows of {T}")
-    rows_per_micro = max(1, token_budget // T) * row_groups
+    rows_per_micro = rows_per_micro_batch(token_budget, T, row_groups)
 
     rows_of, free = first_fit_decreasing(lengths, T)
     nseg = [0] * len(free)
@@ -129,7 +121,10 @@ def pack_datums(datums: Sequence[Datum], *, token_budget: int = 60_000,
         arr["positions"][row, sl] = np.arange(n)
         arr["segment_ids"][row, sl] = seg
         flt["loss_mask"][row, sl] = m
-        adv = d.scalar if advantage_clip is None else min(max(d.scalar, -advantage_clip), advantage_clip)
+        if d.advantage is None:
+            raise ValueError(f"datum {i} ({d.objective}, node {d.node_id!r}) has no advantage: no baseline ran")
+        a = d.advantage * d.weight
+        adv = a if advantage_clip is None else min(max(a, -advantage_clip), advantage_clip)
         flt["advantages"][row, sl] = m * np.float32(adv)
         flt["old_logprobs"][row, sl] = np.asarray(d.logprobs[1:], np.float32)
         placements.append((row // rows_per_micro, row % rows_per_micro, start, n))

@@ -1,9 +1,12 @@
 """Trees → training datums, one function per objective (docs/design/algorithm.md §2).
 
 A datum is one training sequence: tokens (prompt and completion), a 0/1 loss mask on the tokens to be predicted,
-the behaviour logprob and policy version of every token (0.0 / −1 on prompt tokens), and a scalar — the reward when
-built here, the advantage after ``baselines``. The mask is per *token* (token t is trained when mask[t] = 1);
-``batch`` shifts it for next-token prediction. Scorer completions are never turned into datums.
+the behaviour logprob and policy version of every token (0.0 / −1 on prompt tokens), and its credit in three fields,
+each written by one step of the pipeline: ``reward`` (here), ``advantage`` (``baselines``: the reward less its
+baseline, possibly re-based or sign-flipped at step scope) and ``weight`` (``baselines.apply_depth_weights``; 1
+otherwise). ``batch`` trains every masked token on advantage × weight, clipped. The mask is per *token* (token t is
+trained when mask[t] = 1); ``batch`` shifts it for next-token prediction. Scorer completions are never turned into
+datums.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ __all__ = ["Datum", "execution_datums", "delegation_datums", "rubric_datums", "m
 OBJECTIVES = ("execution", "delegation", "rubric_generation")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Datum:
     tokens: tuple[int, ...]
     mask: tuple[int, ...]
     logprobs: tuple[float, ...]
     versions: tuple[int, ...]
-    scalar: float
+    reward: float
     objective: str
     traj_depth: int
     traj_start: int
@@ -39,6 +42,8 @@ class Datum:
     rollout_index: int = 0
     group_id: str = ""          # rubric stage: the fork group; otherwise the node
     trainable: bool = True
+    advantage: float | None = None  # None until a baseline sets it: packing refuses such a datum
+    weight: float = 1.0             # the depth weight (docs/design/algorithm.md §5.5)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -109,9 +114,10 @@ def execution_datums(tree: Tree, *, mode: str = "rubric", filter_errors: bool = 
         turns = [t for t in node.turns if t.completion_id is not None and not (
             drop_errors and (t.error or "traceback" in t.output.lower()))]
         for k, (toks, mask, lps, vers) in enumerate(merge_turns(turns)):
-            out.append(Datum(tuple(toks), tuple(mask), tuple(lps), tuple(vers), reward, "execution",
-                             idx.depth[nid], int(k == 0), tree.id, tree.task_id, nid,
-                             tree.root_rollout_index or 0, nid))
+            out.append(Datum(tokens=tuple(toks), mask=tuple(mask), logprobs=tuple(lps), versions=tuple(vers),
+                             reward=reward, objective="execution", traj_depth=idx.depth[nid], traj_start=int(k == 0),
+                             tree_id=tree.id, task_id=tree.task_id, node_id=nid,
+                             rollout_index=tree.root_rollout_index or 0, group_id=nid))
     return out
 
 
@@ -130,7 +136,7 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: En
     rollout.
 
     Each is the parent's turn prompt (mask 0) + completion with mask 1 only on the launch statements' tokens
-    (``decode`` is the tokenizer's decode, special tokens kept), cut after its last masked token. Scalars: the
+    (``decode`` is the tokenizer's decode, special tokens kept), cut after its last masked token. Rewards: the
     leaf-coverage reward R_root·w_e for events, ``invalid_reward`` for attempts that created no child. Events and
     attempts with an empty mask or no completion give no datum. TextWorld emits no invalid-attempt datums
     (docs/design/recipes.md §1b, §2): the reference scans for ``launch_subagent`` calls, which a TextWorld reply never holds, so a
@@ -155,10 +161,10 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: En
             cmask = launch_token_mask(turn.code, turn.completion_ids, decode, env=env)
             if not any(cmask):
                 continue
-            scalar = ev.reward if ev is not None else float(invalid_reward)
+            reward = ev.reward if ev is not None else float(invalid_reward)
             meta = {"fork_step": step, "invalid": ev is None, "weight": ev.weight if ev else 0.0,
                     "child_ids": list(ev.child_ids) if ev else []}
-            d = _datum(turn.prompt_ids, turn, cmask, scalar=scalar, objective="delegation",
+            d = _datum(turn.prompt_ids, turn, cmask, reward=reward, objective="delegation",
                        traj_depth=idx.depth[pid], traj_start=int(not started), tree_id=tree.id,
                        task_id=tree.task_id, node_id=pid, rollout_index=tree.root_rollout_index or 0,
                        group_id=f"{pid}:{step}", meta=meta)
@@ -170,7 +176,7 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: En
 def rubric_datums(trees: Sequence[Tree], *, objective: str = "hinge", margin: float = 0.2,
                   scale: float = 2.0) -> list[Datum]:
     """Returns the rubric-generation datums of one task group: one per *ranked* fork group (the fresh rubric
-    request's prompt, mask 0, + its whole completion, mask 1), scalar = the group's ranking reward
+    request's prompt, mask 0, + its whole completion, mask 1), reward = the group's ranking reward
     (``objective`` "hinge" or "order_discrimination"). With no ranked group at all, one empty placeholder datum
     flagged non-trainable is returned so the task group still counts (docs/design/algorithm.md §5.6)."""
     out: list[Datum] = []
@@ -190,12 +196,12 @@ def rubric_datums(trees: Sequence[Tree], *, objective: str = "hinge", margin: fl
             if r is None:
                 continue
             t = g.rubric_turn
-            out.append(_datum(t.prompt_ids, t, [1] * len(t.completion_ids), scalar=r,
+            out.append(_datum(t.prompt_ids, t, [1] * len(t.completion_ids), reward=r,
                               objective="rubric_generation", traj_depth=g.child_depth, traj_start=1,
                               tree_id=tree.id, task_id=tree.task_id, node_id=g.parent_id,
-                              rollout_index=tree.root_rollout_index or 0, group_id=g.id,
-                              meta={"reward": r}))
+                              rollout_index=tree.root_rollout_index or 0, group_id=g.id))
     if not out:
-        out.append(Datum((), (), (), (), 0.0, "rubric_generation", 1, 1, task_id=task_id, trainable=False,
+        out.append(Datum(tokens=(), mask=(), logprobs=(), versions=(), reward=0.0, objective="rubric_generation",
+                         traj_depth=1, traj_start=1, task_id=task_id, trainable=False, advantage=0.0,
                          meta={"placeholder": True}))
     return out

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-__all__ = ["StepConfig", "cispo_loss", "pg_loss", "LOSSES", "register_loss", "get_loss", "loss_on_batch"]
+__all__ = ["StepConfig", "importance_ratio", "cispo_loss", "pg_loss", "LOSSES", "register_loss", "get_loss",
+           "loss_on_batch"]
 
 LossFn = Callable[..., Float[Array, ""]]
 LOSSES: dict[str, LossFn] = {}
@@ -59,6 +60,13 @@ def _denominator(mask: Array, num_tokens: Any) -> Array:
     return jnp.maximum(n.astype(jnp.float32), 1.0)  # an all-padding batch contributes 0, not NaN
 
 
+def importance_ratio(logp: Float[Array, "B T"], old_logp: Float[Array, "B T"], mask: Array) -> Float[Array, "B T"]:
+    """Returns CISPO's per-token importance ratio exp(logp − old_logp) on the positions where ``mask`` (bool) holds,
+    1 elsewhere: the one definition the loss and the step's clip statistics share."""
+    # where (not multiply): padded positions may hold −inf logprobs and must not turn the sum into NaN.
+    return jnp.exp(jnp.where(mask, logp - old_logp, 0.0))
+
+
 @register_loss("cispo")
 @jax.jit
 def cispo_loss(logp: Float[Array, "B T"], old_logp: Float[Array, "B T"], advantages: Float[Array, "B T"],
@@ -68,8 +76,7 @@ def cispo_loss(logp: Float[Array, "B T"], old_logp: Float[Array, "B T"], advanta
     (num_tokens defaults to this batch's masked-token count). Its gradient w.r.t. logp is −clip(ρ)·A/N on masked
     tokens and 0 elsewhere."""
     m = mask.astype(bool)
-    # where (not multiply): padded positions may hold −inf logprobs and must not turn the sum into NaN.
-    ratio = jnp.exp(jnp.where(m, logp - old_logp, 0.0))
+    ratio = importance_ratio(logp, old_logp, m)
     coef = jax.lax.stop_gradient(jnp.clip(ratio, ratio_min, ratio_max))
     per_token = jnp.where(m, -coef * advantages * logp, 0.0)
     return jnp.sum(per_token) / _denominator(m, num_tokens)

@@ -20,37 +20,24 @@ from sera_jax.agents.environments import environment
 from sera_jax.agents.records import Node, Tree, TreeIndex
 
 __all__ = [
-    "JUDGE_LABEL", "env_success", "filter_success", "execution_reward", "hinge_rank_rewards", "rank_disc_rewards",
+    "env_success", "filter_success", "execution_reward", "hinge_rank_rewards", "rank_disc_rewards",
     "hinge_rank_reward", "rank_disc_reward", "ranking_diagnostics", "LaunchEvent", "leaf_coverage_rewards",
 ]
 
 
 # ------------------------------------------------------------------------------------------- execution (§5.1)
 
-JUDGE_LABEL = "judge_success"  # node.env_labels key of a TextWorld sub-agent's execution label (agents.subagent_judge)
-
-
 def env_success(node: Node) -> float:
-    """Returns the node's programmatic (or judge) success: 0 after a rollout error; else the summed
-    ``reward/code_success`` (the env value kept when a rubric score overwrote ``reward/success``), else the summed
-    ``reward/success``, else ``env_labels["success"]``, else ``node.reward`` (0 when unset)."""
-    if node.rollout_error_zero_reward:
+    """Returns the node's environment reward (``node.reward.environment``): 0 after a rollout error or when the
+    environment never graded it."""
+    if node.rollout_error_zero_reward or node.reward.environment is None:
         return 0.0
-    for key in ("reward/code_success", "reward/success"):
-        vals = [t.reward_misc[key] for t in node.turns if key in t.reward_misc]
-        if vals:
-            return float(sum(vals))
-    if "success" in node.env_labels:
-        return float(node.env_labels["success"])
-    return float(node.reward or 0.0)
+    return float(node.reward.environment)
 
 
 def filter_success(node: Node) -> float:
-    """Returns the flag the TextCraft error-step filter looks at: ``reward/filter_success`` (the rubric success of a
-    scored sub-agent) when recorded, else the env success."""
-    vals = [t.reward_misc["reward/filter_success"] for t in node.turns if "reward/filter_success" in t.reward_misc]
-    if vals:
-        return float(sum(vals))
+    """Returns the flag the TextCraft error-step filter looks at: the rubric's success flag of a scored sub-agent,
+    else the env success."""
     if node.rubric_score is not None:
         return float(node.rubric_score.success)
     return env_success(node)
@@ -58,14 +45,14 @@ def filter_success(node: Node) -> float:
 
 def execution_reward(node: Node, *, is_root: bool, mode: str = "rubric", env: EnvName | None = None
                      ) -> float | None:
-    """Returns the execution scalar of one trajectory before its baseline, or None when it must not train.
+    """Returns the execution reward of one trajectory before its baseline, or None when it must not train.
 
     Root: env success in every variant. Sub-agent, ``mode="rao"``: TextCraft — its env success (the crafted-delta
-    + finish check); TextWorld — the execution judge's binary label ``env_labels["judge_success"]``
+    + finish check); TextWorld — the execution judge's binary label ``node.reward.judge``
     (``agents.subagent_judge``; the world check means "the whole shared task is solved", so it cannot grade a
     sub-task), None when it has none (the judge call failed or was never made: the sub-agent is not trained). A
     node carrying that label uses it whatever ``env`` says; ``env=None`` otherwise means TextCraft. Sub-agent,
-    ``mode="rubric"``: the rubric score (None if it has none — the runtime marks such nodes
+    ``mode="rubric"``: ``node.reward.rubric_score`` (None if it has none — the runtime marks such nodes
     ``skip_gradient_update``). A rollout error forces 0.
     """
     if node.skip_gradient_update:
@@ -73,16 +60,16 @@ def execution_reward(node: Node, *, is_root: bool, mode: str = "rubric", env: En
     if is_root:
         return env_success(node)
     if mode == "rao":
-        if JUDGE_LABEL in node.env_labels:
-            return 0.0 if node.rollout_error_zero_reward else float(node.env_labels[JUDGE_LABEL])
+        if node.reward.judge is not None:
+            return 0.0 if node.rollout_error_zero_reward else float(node.reward.judge)
         if env is not None and not environment(env).programmatic:
             return None  # a TextWorld sub-agent without a judge label is never graded by the world check
         return env_success(node)
     if mode != "rubric":
         raise ValueError(f"unknown execution reward mode {mode!r}")
-    if node.rubric_score is None:
+    if node.reward.rubric_score is None:
         return None
-    return 0.0 if node.rollout_error_zero_reward else float(node.rubric_score.score)
+    return 0.0 if node.rollout_error_zero_reward else float(node.reward.rubric_score)
 
 
 # --------------------------------------------------------------------------------------------- ranking (§5.2–3)

@@ -54,6 +54,7 @@ from sera_jax.rl.baselines import (
     task_group_credit,
     warm_credit,
 )
+from sera_jax.rl.shapes import step_shapes
 from sera_jax.rl.stages import MethodConfig, position
 from sera_jax.sampling import compile_watch
 from sera_jax.training.admission import Admission
@@ -67,7 +68,7 @@ from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.shared_step import SharedStep, local_figures
 from sera_jax.training.step_batch import build_batch, build_shared_batch
 from sera_jax.training.stats import tree_metrics
-from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size, step_shapes
+from sera_jax.training.step import CompiledStep, TrainState, batch_axis_size
 from sera_jax.training.task_stream import TaskStream, merge_streams
 
 
@@ -115,6 +116,7 @@ class Loop:
     speculative: int = 0                              # extra groups per rank beyond the quota (admission.py)
     token_budget: int = 60_000
     buckets: Sequence[int] = (256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
+    advantage_clip: float | None = 20.0               # ± bound of a packed advantage (config batch.advantage_clip)
     deterministic: bool = False
     min_trainable: int | None = None                  # skip threshold; None = the stage's tasks_per_step
     filter_zero_variance: bool | None = None
@@ -241,12 +243,14 @@ class Loop:
         if shared is None:
             batch, info = build_batch(groups, self.method, min_trainable=min_trainable,
                                       token_budget=self.token_budget, buckets=self.buckets,
-                                      row_multiple=row_multiple, warmed_micro_batches=self.warm_micro_batches)
+                                      row_multiple=row_multiple, warmed_micro_batches=self.warm_micro_batches,
+                                      advantage_clip=self.advantage_clip)
         else:
             batch, info = build_shared_batch(groups, shared, self.method, min_trainable=min_trainable,
                                              token_budget=self.token_budget, buckets=self.buckets,
                                              row_multiple=row_multiple, warmed_micro_batches=self.warm_micro_batches,
-                                             agree=lambda n: max(self.exchange.allgather(n, "micro")))
+                                             agree=lambda n: max(self.exchange.allgather(n, "micro")),
+                                             advantage_clip=self.advantage_clip)
         metrics.update(info)
         if batch is None:
             return self._skip(pos.stage, metrics, info["reason"])
@@ -462,9 +466,9 @@ def token_staleness(groups: Sequence[GroupCredit], version: int) -> dict[str, fl
 
 
 def _reward_stats(groups: Sequence[GroupCredit]) -> dict[str, float]:
-    scalars = [d.scalar for g in groups for d in g.datums]
-    if not scalars:
+    advantages = [d.advantage for g in groups for d in g.datums]
+    if not advantages:
         return {}
-    arr = np.asarray(scalars, np.float64)
+    arr = np.asarray(advantages, np.float64)
     return {"advantage_mean": float(arr.mean()), "advantage_std": float(arr.std()),
             "advantage_abs_max": float(np.abs(arr).max())}

@@ -58,8 +58,8 @@ def local_figures(*, stage: str, version: int, groups: Sequence[GroupCredit], st
         "max_len": max((len(d.tokens) - 1 for d in trainable), default=0),
         "depth": {str(k): list(v) for k, v in depth_histogram(trainable).items()},
         "rubric_rewards": step_rubric_rewards(groups) if rubric_step_scope and stage == "rubric_generation" else [],
-        # (scalar, whether step-scope rubric credit re-bases it) per datum: the advantage figures after re-basing
-        "scalars": [[float(d.scalar), id(d) in rebased] for d in datums],
+        # (advantage, whether step-scope rubric credit re-bases it) per datum: the advantage figures after re-basing
+        "advantages": [[float(d.advantage), id(d) in rebased] for d in datums],
         "lags": [max(lags), sum(lags), len(lags)] if lags else None,
         "stats": {k: stats.get(k, 0) for k in SUMMED_STATS} | {"group_lag_max": stats.get("group_lag_max", 0)},
         "trees": [light_tree(t) for t in trees],
@@ -130,10 +130,10 @@ class SharedStep:
         out["group_lag_max"] = max(f["stats"]["group_lag_max"] for f in self.figures)
         trees = [tree_from_dict(t) for f in self.figures for t in f["trees"]]
         out.update(tree_metrics(trees, env=env))
-        scalars = [s for f in self.figures for s in f["scalars"]]
-        if scalars:
-            values = np.asarray([s for s, _ in scalars], np.float64)
-            rebase = [i for i, (_, r) in enumerate(scalars) if r]
+        advantages = [a for f in self.figures for a in f["advantages"]]
+        if advantages:
+            values = np.asarray([a for a, _ in advantages], np.float64)
+            rebase = [i for i, (_, r) in enumerate(advantages) if r]
             if rubric_step_scope and rebase:
                 from sera_jax.rl.baselines import loo_advantages
 

@@ -33,7 +33,8 @@ from sera_jax.model.sharding import param_shardings
 from sera_jax.parallel.mesh import activate
 from sera_jax.parallel.rules import TRAIN_RULES, Rules, mesh_spec
 from sera_jax.rl.batch import MicroBatch
-from sera_jax.rl.losses import StepConfig, get_loss
+from sera_jax.rl.losses import StepConfig, get_loss, importance_ratio
+from sera_jax.rl.shapes import next_power_of_two
 from sera_jax.sampling import compile_watch
 from sera_jax.sampling.publish import publish  # noqa: F401 - the trainer's publish (docs/design/house.md)
 
@@ -50,17 +51,13 @@ def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def _bucket(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def stack_micro_batches(micro: list[MicroBatch], *, num: int | None = None, row_multiple: int = 1) -> MicroBatch:
     """Returns the micro-batches stacked to [M, B, T] as host arrays, M padded to ``num`` (default the next power of
     two) with loss-free micro-batches, and rows padded to a multiple of ``row_multiple`` (the mesh's batch-axis
     size)."""
     if not micro:
         raise ValueError("no micro-batches to stack")
-    m = num if num is not None else _bucket(len(micro))
+    m = num if num is not None else next_power_of_two(len(micro))
     if m < len(micro):
         raise ValueError(f"{len(micro)} micro-batches do not fit num={m}")
     arrays = {f.name: np.stack([np.asarray(getattr(b, f.name)) for b in micro])
@@ -89,7 +86,7 @@ def _micro_grads(params, mb: MicroBatch, model_cfg: Qwen3Config, step_cfg: StepC
 
     (loss, logp), grads = jax.value_and_grad(objective, has_aux=True)(params)
     mask = mb.loss_mask > 0
-    ratio = jnp.exp(jnp.where(mask, logp - mb.old_logprobs, 0.0))
+    ratio = importance_ratio(logp, mb.old_logprobs, mask)
     clipped = mask & ((ratio > step_cfg.ratio_max) | (ratio < step_cfg.ratio_min))
     stats = {
         "clipped_tokens": jnp.sum(clipped).astype(jnp.float32),
@@ -336,14 +333,6 @@ def abstract_micro_batch(shape: tuple[int, int, int], shardings: MicroBatch | No
             dt = jnp.int32 if f.name in ("tokens", "targets", "positions", "segment_ids") else jnp.float32
             fields[f.name] = jax.ShapeDtypeStruct(tuple(shape), dt, sharding=sh)
     return MicroBatch(**fields)
-
-
-def step_shapes(token_budget: int, buckets: Sequence[int], row_groups: int, micro: Sequence[int] = (1, 2)
-                ) -> list[tuple[int, int, int]]:
-    """Returns the stacked batch shapes [M, B, T] the loop builds (``rl.batch.pack_datums`` with ``row_groups``
-    devices per micro-batch; ``loop.micro_batch_count`` pads M to the smallest of ``micro`` that holds it): every
-    bucket T, each M of ``micro``."""
-    return [(m, max(1, token_budget // t) * row_groups, t) for t in sorted(buckets) for m in micro]
 
 
 def make_train_step(model_cfg: Qwen3Config, tx: optax.GradientTransformation, step_cfg: StepConfig = StepConfig(),

@@ -1,28 +1,23 @@
 """A step's trainable datums → the stacked micro-batches ``train_step`` takes: the skip rule, depth weighting, packing
-and the micro-batch count M, for one process holding the whole step (``build_batch``) or one process of a multi-host
-step holding its share (``build_shared_batch``: shape and weights from the step's gathered figures)."""
+(advantage × weight clipped to ±``advantage_clip``, the config's ``batch.advantage_clip``) and the micro-batch count
+M (``rl.shapes``), for one process holding the whole step (``build_batch``) or one process of a multi-host step
+holding its share (``build_shared_batch``: shape and weights from the step's gathered figures)."""
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 from sera_jax.rl.baselines import GroupCredit, apply_depth_weights, step_is_skipped
-from sera_jax.rl.batch import bucket_length, pack_datums
+from sera_jax.rl.batch import pack_datums
+from sera_jax.rl.shapes import bucket_length, micro_batch_count
 from sera_jax.rl.stages import MethodConfig
 from sera_jax.training.shared_step import SharedStep
 from sera_jax.training.step import stack_micro_batches
 
 
-def micro_batch_count(n: int, warmed: Sequence[int] = ()) -> int:
-    """Returns the micro-batch count M that ``n`` packed micro-batches are padded to: the smallest warmed count ≥
-    ``n`` (the warm-up compiled the step for it, and 3 run as 3, not as 4 with an empty one), else the next power of
-    two (compiled on first use; powers keep those compiles few)."""
-    fits = [m for m in warmed if m >= n]
-    return min(fits) if fits else 1 << max(n - 1, 0).bit_length()
-
-
 def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trainable: int, token_budget: int,
-                buckets: Sequence[int], row_multiple: int, warmed_micro_batches: Sequence[int] = ()):
+                buckets: Sequence[int], row_multiple: int, warmed_micro_batches: Sequence[int] = (),
+                advantage_clip: float | None = 20.0):
     """Returns (stacked micro-batches or None, info): depth-weighted trainable datums packed for ``train_step``,
     their count padded by ``micro_batch_count``; None when the step must be skipped (fewer than ``min_trainable``
     trainable datums: the reference's 8 ranks, docs/design/recipes.md §2.7)."""
@@ -33,7 +28,8 @@ def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trai
         return None, {**info, "reason": f"{len(trainable)} trainable datums < {min_trainable} (one per rank)"}
     if method.depth_level_weighting:
         trainable = apply_depth_weights(trainable, gamma=method.depth_level_discount_gamma)
-    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_groups=row_multiple)
+    packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_groups=row_multiple,
+                         advantage_clip=advantage_clip)
     batch = stack_micro_batches(packed.micro_batches, row_multiple=row_multiple,
                                 num=micro_batch_count(len(packed.micro_batches), warmed_micro_batches))
     info.update(micro_batches=len(packed.micro_batches), loss_tokens=packed.num_tokens,
@@ -43,7 +39,8 @@ def build_batch(groups: Sequence[GroupCredit], method: MethodConfig, *, min_trai
 
 def build_shared_batch(groups: Sequence[GroupCredit], shared: SharedStep, method: MethodConfig, *,
                        min_trainable: int, token_budget: int, buckets: Sequence[int], row_multiple: int,
-                       warmed_micro_batches: Sequence[int], agree: Callable[[int], int]):
+                       warmed_micro_batches: Sequence[int], agree: Callable[[int], int],
+                       advantage_clip: float | None = 20.0):
     """Returns (this process's rows of the stacked micro-batches or None, info) for a multi-host step.
 
     The skip rule, the depth weights, the row length T and the loss-token count come from the whole step's
@@ -63,7 +60,7 @@ def build_shared_batch(groups: Sequence[GroupCredit], shared: SharedStep, method
                                         histogram=shared.depth_histogram())
     row_len = bucket_length(max(shared.max_len, 1), buckets)
     packed = pack_datums(trainable, token_budget=token_budget, buckets=buckets, row_len=row_len,
-                         num_tokens=shared.loss_tokens, row_groups=local_rows)
+                         num_tokens=shared.loss_tokens, row_groups=local_rows, advantage_clip=advantage_clip)
     num = micro_batch_count(agree(len(packed.micro_batches)), warmed_micro_batches)
     batch = stack_micro_batches(packed.micro_batches, row_multiple=local_rows, num=num)
     info.update(micro_batches=num, loss_tokens=shared.loss_tokens, rows=int(batch.tokens.shape[1]) * processes,

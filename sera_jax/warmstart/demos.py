@@ -26,6 +26,7 @@ from sera_jax.agents.textcraft_prompt import system_prompt, task_message
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
+from sera_jax.rl.rewards import env_success
 from sera_jax.warmstart.oracle import TextCraftOracle
 
 CALL_PREFIXES = ("rubric:", "score:", "judge:")  # side calls (the judge's: TextWorld's policy_frozen requests)
@@ -58,7 +59,7 @@ def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequ
     """Returns (SFT datums, counts): prefix-merged turns of every agent that played the gold plan — it succeeded, or
     it failed only because a sabotaged descendant did (its own replies are the same either way; dropping them would
     teach that delegating is rare) — and was not sabotaged itself, plus every rubric, score and judge call; each
-    datum trains its completion tokens with scalar 1. ``shared_world`` (TextWorld): an agent's own label is the
+    datum trains its completion tokens with advantage 1. ``shared_world`` (TextWorld): an agent's own label is the
     whole world's state when it ended (a sub-agent that ate its dish ends before the world is solved), so an agent
     counts as succeeding when its tree's root did."""
 
@@ -90,8 +91,8 @@ def demo_datums(records: Sequence[tuple[Any, list[int], list[int]]], trees: Sequ
     def add(seqs, objective: str, tree_id: str, node_id: str) -> None:
         for tokens, mask, logprobs, versions in seqs:
             datums.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs),
-                                versions=tuple(versions), scalar=1.0, objective=objective, traj_depth=0,
-                                traj_start=0, tree_id=tree_id, node_id=node_id))
+                                versions=tuple(versions), reward=1.0, advantage=1.0, objective=objective,
+                                traj_depth=0, traj_start=0, tree_id=tree_id, node_id=node_id))
 
     for (tree_id, node_id), turns in by_agent.items():
         if gold.get((tree_id, node_id)) and (tree_id, node_id) not in sabotaged:
@@ -139,7 +140,8 @@ def goal_copy_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Any
                                       if "</python>" in tokenizer.decode(reply_ids[:i + 1])), len(reply_ids))]
         (tokens, mask, logprobs, versions), = merge_turns([_turn(0, list(prompt), completion)])
         out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
-                         scalar=1.0, objective="execution", traj_depth=depth, traj_start=0, node_id="copy"))
+                         reward=1.0, advantage=1.0, objective="execution", traj_depth=depth, traj_start=0,
+                         node_id="copy"))
     return out
 
 
@@ -178,7 +180,7 @@ async def collect_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]) -> tuple
         datums += goal_copy_datums(cfg, tokenizer, tasks, oracle, ws.copy_demos, ws.seed)
     roots = [t.nodes[t.root_id] for t in trees]
     stats = {"demo_trees": len(trees), "fork_demo_trees": split, "fork_groups": sum(len(t.fork_groups) for t in trees),
-             "oracle_root_success": float(np.mean([r.reward for r in roots])),
+             "oracle_root_success": float(np.mean([env_success(r) for r in roots])),
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "refused_launches": sum(not d.child_ids for t in trees for d in t.delegations),
              "sabotaged_children": sabotaged,

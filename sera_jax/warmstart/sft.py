@@ -41,10 +41,11 @@ from sera_jax.assembly.tokenizer import ASSETS, BUILTIN, BUILTIN_PREFIX, resolve
 from sera_jax.config import check_mesh
 from sera_jax.model import init_params, load_pretrained, save_pretrained
 from sera_jax.parallel.mesh import make_mesh
-from sera_jax.rl.batch import bucket_length, first_fit_decreasing, pack_datums
+from sera_jax.rl.batch import first_fit_decreasing, pack_datums
 from sera_jax.rl.datums import Datum
 from sera_jax.rl.losses import StepConfig
 from sera_jax.rl.optim import OptimConfig, make_optimizer
+from sera_jax.rl.shapes import bucket_length, rows_per_micro_batch
 from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
 from sera_jax.training.step import (
     batch_axis_size,
@@ -168,7 +169,7 @@ def _batches_by_length(datums: Sequence[Datum], token_budget: int, steps: int, s
         for T in sorted(by_bucket):
             group = list(by_bucket[T])
             rng.shuffle(group)
-            rows, batch, lengths = max(1, token_budget // T), [], []
+            rows, batch, lengths = rows_per_micro_batch(token_budget, T), [], []
             for d in group:
                 if batch and len(first_fit_decreasing(lengths + [len(d.tokens) - 1], T)[1]) > rows:
                     epoch.append(batch)

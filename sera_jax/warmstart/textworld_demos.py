@@ -34,6 +34,7 @@ from sera_jax.agents.truncation import build_prompt, continue_prompt
 from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.rl.datums import Datum, merge_turns
+from sera_jax.rl.rewards import env_success
 from sera_jax.warmstart.demos import RecordingGenerator, demo_datums
 from sera_jax.warmstart.textworld_oracle import TextWorldOracle, dish_specs, flip_final_state, goal_text, next_action
 
@@ -135,7 +136,8 @@ def first_turn_datums(cfg: Any, tokenizer: Any, tasks: Sequence[Any], oracle: Te
             turns, depth = _sub_agent_turns(cfg, tokenizer, oracle, world, goal_text(dish, spec), f"first{len(out)}"), 1
         (tokens, mask, logprobs, versions), = merge_turns(turns)
         out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
-                         scalar=1.0, objective="execution", traj_depth=depth, traj_start=0, node_id="first"))
+                         reward=1.0, advantage=1.0, objective="execution", traj_depth=depth, traj_start=0,
+                         node_id="first"))
     return out
 
 
@@ -157,7 +159,8 @@ def verdict_flip_datums(records: Sequence[tuple[Any, list[int], list[int]]], tok
         turn = _turn(tokenizer.encode(text), oracle.side_call(kind, text), tokenizer, 0)
         (tokens, mask, logprobs, versions), = merge_turns([turn])
         out.append(Datum(tokens=tuple(tokens), mask=tuple(mask), logprobs=tuple(logprobs), versions=tuple(versions),
-                         scalar=1.0, objective="scoring", traj_depth=0, traj_start=0, node_id=f"{kind}-flip"))
+                         reward=1.0, advantage=1.0, objective="scoring", traj_depth=0, traj_start=0,
+                         node_id=f"{kind}-flip"))
     return out
 
 
@@ -205,7 +208,7 @@ async def collect_textworld_demos(cfg: Any, tokenizer: Any, tasks: Sequence[Any]
     stats = {"demo_trees": len(trees), "fork_demo_trees": split, "fork_groups": sum(len(t.fork_groups) for t in trees),
              "ranked_fork_groups": sum(1 for t in trees for g in t.fork_groups
                                        if len({b.success for b in g.branches if b.success is not None}) == 2),
-             "oracle_root_success": float(np.mean([r.reward or 0.0 for r in roots])) if roots else 0.0,
+             "oracle_root_success": float(np.mean([env_success(r) for r in roots])) if roots else 0.0,
              "delegations": sum(bool(d.child_ids) for t in trees for d in t.delegations),
              "sabotaged_children": len(oracle.sabotaged),
              "judge_labels": {k: v.get("labelled", 0) for k, v in labels.items()},

@@ -14,6 +14,7 @@ from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.rl.baselines import task_group_credit
+from sera_jax.rl.rewards import env_success
 from sera_jax.rl.stages import method_config
 from sera_jax.training.loop import Loop
 from sera_jax.training.stats import tree_metrics
@@ -47,7 +48,7 @@ def test_a_killed_env_worker_marks_its_tree_and_credit_leaves_it_out(tc_task, to
             await pool.close()
 
     doomed, ok, policy_side = asyncio.run(main())
-    assert len(doomed.root.turns) == 1 and doomed.root.rollout_error_zero_reward and doomed.root.reward == 0.0
+    assert len(doomed.root.turns) == 1 and doomed.root.rollout_error_zero_reward and env_success(doomed.root) == 0.0
     assert infra.INFRA_KEY in doomed.misc, (doomed.root.error_message, doomed.root.misc, doomed.misc)
     assert doomed.misc[infra.INFRA_KEY].startswith(("WorkerDied", "TreeFailed"))
     assert doomed.root.misc[infra.INFRA_KEY] == doomed.misc[infra.INFRA_KEY]
@@ -61,6 +62,6 @@ def test_a_killed_env_worker_marks_its_tree_and_credit_leaves_it_out(tc_task, to
     with_dead = task_group_credit("execution", [doomed, *ok], method, env="textcraft", filter_zero_variance=False)
     credited = loop._credit("execution", [doomed, *ok])
     without = task_group_credit("execution", ok, method, env="textcraft", filter_zero_variance=False)
-    assert credited.accepted and [d.scalar for d in credited.datums] == [d.scalar for d in without.datums]
+    assert credited.accepted and [d.advantage for d in credited.datums] == [d.advantage for d in without.datums]
     assert len(without.datums) < len(with_dead.datums)  # the dead tree's first turn would have trained
     assert not loop._credit("execution", [doomed]).accepted  # nothing of the policy's left: a replacement group

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import io
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,7 @@ from sera_jax.agents.records import (
     DelegationPoint,
     ForkGroup,
     Node,
+    Reward,
     RubricScore,
     Tree,
     TreeIndex,
@@ -36,11 +40,12 @@ def _turn(i: int, **kw) -> Turn:
 def _full_tree() -> Tree:
     root = Node(id="r", goal="Craft 1x stick", task_id="textcraft-1", task_misc={"target_items": {"stick": 1},
                 "initial_inventory": {"oak_log": 2}}, turns=[_turn(0), _turn(1, logprobs=[-math.inf, 0.5])],
-                finish_message="done", env_labels={"success": 1.0}, reward=1.0)
+                finish_message="done", env_labels={"success": 1.0}, reward=Reward(environment=1.0))
     child = Node(id="c1", goal="Craft the following items: 4x stick", depth=1, parent_id="r", fork_step=0,
                  turns=[_turn(0, completion_id=None)], error_message="WARNING: Exhausted budget",
                  rubric_score=RubricScore(0.7, True, 0.0, {"rubric_items": []}, {"final_score": 0.7}),
-                 reward=0.7, skip_gradient_update=False, rollout_error_zero_reward=True,
+                 reward=Reward(environment=0.0, judge=1.0, rubric_score=0.7), skip_gradient_update=False,
+                 rollout_error_zero_reward=True,
                  fork_group_id="g1", branch_index=0, misc={"note": [1, 2.5, None]})
     group = ForkGroup(id="g1", parent_id="r", fork_step=0, child_depth=1, goal="4x stick",
                       branches=[Branch(b, f"c{b}", 1, reward=float(b % 2), success=bool(b % 2),
@@ -125,3 +130,82 @@ def test_fork_group_completeness():
     assert g.complete
     assert not dataclasses.replace(g, branches=g.branches[:7]).complete
     assert not dataclasses.replace(g, skipped=True).complete
+
+
+# ------------------------------------------------------------------------------------- records from before Reward
+
+def _old_env_success(node: dict) -> float:
+    """The credit code's reading of a node before ``Reward`` (``rl.rewards.env_success`` of that time), on the
+    node's JSON dict."""
+    if node["rollout_error_zero_reward"]:
+        return 0.0
+    for key in ("reward/code_success", "reward/success"):
+        vals = [t["reward_misc"][key] for t in node["turns"] if key in t["reward_misc"]]
+        if vals:
+            return float(sum(vals))
+    if "success" in node["env_labels"]:
+        return float(node["env_labels"]["success"])
+    return float(node["reward"] or 0.0)
+
+
+def _old_execution_reward(node: dict, mode: str) -> float | None:
+    if node["skip_gradient_update"]:
+        return None
+    err = node["rollout_error_zero_reward"]
+    if mode == "rao":
+        return (0.0 if err else float(node["env_labels"]["judge_success"])) if "judge_success" in node["env_labels"] \
+            else _old_env_success(node)
+    return None if node["rubric_score"] is None else (0.0 if err else float(node["rubric_score"]["score"]))
+
+
+def _old_line(tree: Tree, rewards: dict[str, float | None]) -> str:
+    """``tree`` as the records were written before ``Reward``: a float (or null) node reward."""
+    d = json.loads(dumps_tree(tree))
+    for nid, node in d["nodes"].items():
+        node["reward"] = rewards[nid]
+    return json.dumps(d)
+
+
+def _check_old_reading(d: dict, tree: Tree) -> None:
+    from sera_jax.rl.rewards import env_success, execution_reward
+
+    for nid, node in d["nodes"].items():
+        new = tree.nodes[nid]
+        assert env_success(new) == _old_env_success(node), nid
+        for mode in ("rao", "rubric"):
+            assert execution_reward(new, is_root=False, mode=mode) == _old_execution_reward(node, mode), (nid, mode)
+
+
+def test_records_written_before_reward_load_and_read_as_they_did():
+    tree = _full_tree()
+    tree.nodes["r"].turns[0].reward_misc = {"reward/success": 1.0}               # the checker's verdict
+    tree.nodes["c1"].turns[0].reward_misc = {"reward/code_success": 1.0, "reward/success": 0.7,
+                                             "reward/rubric_score": 0.7, "reward/filter_success": 1.0}
+    tree.nodes["c1"].rollout_error_zero_reward = False
+    judged = Node(id="c2", goal="g", depth=1, parent_id="r", fork_step=1, env_labels={"success": 0.0,
+                  "judge_success": 1.0}, turns=[_turn(0, reward_misc={"reward/success": 0.0})])
+    bare = Node(id="c3", goal="g", depth=1, parent_id="r", fork_step=1)       # never finished: reward null
+    only_float = Node(id="c4", goal="g", depth=1, parent_id="r", fork_step=1)  # no labels at all: the float
+    tree.nodes.update({"c2": judged, "c3": bare, "c4": only_float})
+    line = _old_line(tree, {"r": 1.0, "c1": 0.7, "c2": 0.0, "c3": None, "c4": 1.0})
+    back = loads_tree(line)
+    assert back.nodes["r"].reward == Reward(environment=1.0)
+    assert back.nodes["c1"].reward == Reward(environment=1.0, rubric_score=0.7)   # code_success: the env value
+    assert back.nodes["c2"].reward == Reward(environment=0.0, judge=1.0)
+    assert back.nodes["c3"].reward == Reward() and back.nodes["c4"].reward == Reward(environment=1.0)
+    _check_old_reading(json.loads(line), back)
+    # Written again, the typed reward is what is stored, and it reads back the same.
+    assert loads_tree(dumps_tree(back)) == back
+
+
+def test_tree_files_in_the_repository_read_as_they_did():
+    """Every tree file kept in docs/ or tests/ (written before ``Reward``) gives each node the rewards it gave."""
+    root = Path(__file__).resolve().parents[2]
+    files = [p for d in ("docs", "tests") for p in (root / d).rglob("*.jsonl*") if p.suffix in (".jsonl", ".gz")]
+    for path in files:
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as fh:
+            for line in fh:
+                d = json.loads(line)
+                if "nodes" not in d or "root_id" not in d:
+                    break  # not a tree file (metrics, summaries)
+                _check_old_reading(d, loads_tree(line))

@@ -21,7 +21,7 @@ def test_textcraft_tree_to_datums(tc_task, tok):
     tree = _tree(tc_task, "textcraft", tok, NESTED)
     ex = execution_datums(tree, mode="rao")
     # One datum per agent: its turns extend one another (sequence extension), all rewarded with env success 1.
-    assert sorted(d.node_id for d in ex) == sorted(tree.nodes) and all(d.scalar == 1.0 for d in ex)
+    assert sorted(d.node_id for d in ex) == sorted(tree.nodes) and all(d.reward == 1.0 for d in ex)
     for d in ex:
         node = tree.nodes[d.node_id]
         assert d.num_trained == sum(len(t.completion_ids) for t in node.turns)

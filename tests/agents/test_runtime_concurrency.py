@@ -11,6 +11,7 @@ from sera_jax.agents.harness import Trace
 from sera_jax.agents.runtime import Pinning, run_tree, run_trees, start_pool
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.rl.rewards import env_success
 
 SLOW_S = 1.0
 
@@ -119,7 +120,7 @@ def test_dead_worker_and_failing_generator_are_recorded_not_raised(tc_task, tw_t
             await pool.close()
 
     dead, broken, crashed = asyncio.run(main())
-    assert dead.root.rollout_error_zero_reward and dead.root.reward == 0.0
+    assert dead.root.rollout_error_zero_reward and env_success(dead.root) == 0.0
     assert dead.root.error_message.startswith("Error in episode loop at step 0: WorkerDied")
     assert broken.root.rollout_error_zero_reward and len(broken.root.turns) == 1
     assert "RuntimeError: engine fell over" in broken.root.error_message

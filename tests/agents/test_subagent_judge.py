@@ -20,7 +20,6 @@ from sera_jax.agents.runtime import run_tree, run_trees
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.agents.subagent_judge import (
-    LABEL_KEY,
     SPENT_KEY,
     STATS_KEY,
     DeferredJudge,
@@ -83,20 +82,19 @@ def test_child_that_completes_its_own_subgoal_is_rewarded_by_the_judge_not_the_w
     totals = asyncio.run(label_subagents([tree], judge))
     # Every non-root node judged once, against its own goal, for its immediate parent; the root never.
     assert sorted(judge.asked) == [(C0, tree.root.goal), (C1, tree.root.goal)]
-    assert LABEL_KEY == R.JUDGE_LABEL  # the key the reward reads
-    assert tree.nodes[C0].env_labels[LABEL_KEY] == 1.0 and tree.nodes[C1].env_labels[LABEL_KEY] == 0.0
-    assert LABEL_KEY not in tree.root.env_labels
+    assert tree.nodes[C0].reward.judge == 1.0 and tree.nodes[C1].reward.judge == 0.0  # the field the reward reads
+    assert tree.root.reward.judge is None and tree.nodes[C0].reward.environment == 0.0  # the world check is kept
     assert totals == {"candidates": 2, "labelled": 2, "failed": 0, "calls": 2, "prompt_tokens": 200,
                       "completion_tokens": 10, "unmetered_calls": 0} == tree.misc[STATS_KEY]
     # RAO execution rewards: root = world success (0), child 0 = its judge label 1, child 1 = 0.
-    got = {d.node_id: d.scalar for d in execution_datums(tree, mode="rao")}
+    got = {d.node_id: d.reward for d in execution_datums(tree, mode="rao")}
     assert got == {"root": 0.0, C0: 1.0, C1: 0.0}
     # The labels survive the JSONL records and reach the task group's advantages (root LOO baseline, §5.1).
     again = loads_tree(dumps_tree(tree))
     other = _tw_tree(tw_task, tok, rollout_index=1)
     asyncio.run(label_subagents([other], OwnGoalJudge()))
     g = task_group_credit("execution", [again, other], method_config("RAO"), env="textworld_sync")
-    assert {(d.rollout_index, d.node_id): d.scalar for d in g.datums}[(0, C0)] == pytest.approx(1.0)
+    assert {(d.rollout_index, d.node_id): d.advantage for d in g.datums}[(0, C0)] == pytest.approx(1.0)
     # TextCraft keeps its programmatic check, and SERA variants their rubric scores: the label is TW RAO's only.
     assert R.execution_reward(tree.nodes[C0], is_root=False, mode="rao", env="textworld_sync") == 1.0
 
@@ -117,8 +115,8 @@ def test_failed_call_drops_only_that_subagents_tokens_and_every_call_is_counted(
     assert bodies[0]["temperature"] == 1.0 and bodies[0]["max_tokens"] == 1024
     assert "Assigned SubAgent Goal:\nprepare and eat dish_1" in bodies[0]["messages"][1]["content"]
     c0, c1 = tree.nodes[C0], tree.nodes[C1]
-    assert c0.env_labels[LABEL_KEY] == 1.0 and not c0.skip_gradient_update
-    assert LABEL_KEY not in c1.env_labels and c1.skip_gradient_update
+    assert c0.reward.judge == 1.0 and not c0.skip_gradient_update
+    assert c1.reward.judge is None and c1.skip_gradient_update
     assert c1.misc[SPENT_KEY]["success"] is None and "HTTP 500" in c1.misc[SPENT_KEY]["error"]
     assert c1.misc[SPENT_KEY]["calls"] == 1
     # The tree keeps every node, link and turn; only child 1's datums are gone.

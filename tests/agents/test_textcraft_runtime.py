@@ -131,7 +131,7 @@ def test_budget_exhaustion(tc_task, tok):
     tree, _ = run(tc_task, tok, script, max_steps=3)
     assert len(tree.root.turns) == 3
     assert tree.root.error_message == EXHAUSTED_MESSAGE and tree.root.finish_message is None
-    assert tree.root.env_labels["success"] == 0.0 and tree.root.reward == 0.0
+    assert tree.root.env_labels["success"] == 0.0 and tree.root.reward.environment == 0.0
     assert "budget of 3 steps" in tok.decode(tree.root.turns[0].prompt_ids)
 
 

@@ -25,7 +25,7 @@ def test_compact_prompts_show_observation_actions_and_task_and_offer_delegation_
     gen = ScriptedGenerator(tok, script)
     s = RuntimeSettings.for_env("textworld_sync", max_depth=1, prompt_style="compact", token_history=True)
     tree = asyncio.run(run_tree(tw_task, "textworld_sync", gen, tok, s))
-    assert tree.root.reward == 1.0 and set(tree.nodes) == {"root", *CHILDREN}
+    assert tree.root.reward.environment == 1.0 and set(tree.nodes) == {"root", *CHILDREN}
     root_first = tok.decode(tree.root.turns[0].prompt_ids)
     assert "<delegate>" in root_first.split("<|im_start|>user")[0]  # the system message offers it at depth 0
     assert root_first.index("# Observation\nYou are in the kitchen.") < root_first.index("# Valid Actions\n") \

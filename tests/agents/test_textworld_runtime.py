@@ -87,8 +87,7 @@ def test_nested_delegation_refusal_siblings_and_malformed_replies(tw_task, tok):
     c1_view = tree.nodes[C1].turns[1].output
     assert all(f"- Agent {w}: returned=False, environment_success=True" in c1_view for w in WORKERS)
     assert all(tree.nodes[n].fork_step == 1 for n in WORKERS)
-    assert root.env_labels["success"] == 1.0 and root.reward == 1.0
-    assert root.turns[-1].reward_misc["reward/success"] == 1.0
+    assert root.env_labels["success"] == 1.0 and root.reward.environment == 1.0
     assert root.misc["environment_success"] and not root.misc["returned_to_parent"]
     assert tree.nodes[C2].misc["returned_to_parent"] is True
     # Every generated turn is in the records with its tokens, logprobs and version; JSONL round-trips.

@@ -76,8 +76,8 @@ def _worker(num_processes: int, process_id: int, port: int) -> None:
         logp = np.concatenate([[0.0], -np.log(cfg.vocab_size) + rng.normal(0, 0.7, n - 1)])
         datums.append(Datum(tokens=tuple(int(t) for t in rng.integers(0, cfg.vocab_size, n)),
                             mask=(0,) * prompt + (1,) * (n - prompt), logprobs=tuple(float(x) for x in logp),
-                            versions=(0,) * n, scalar=float(rng.normal()), objective="execution", traj_depth=0,
-                            traj_start=1))
+                            versions=(0,) * n, reward=0.0, advantage=float(rng.normal()), objective="execution",
+                            traj_depth=0, traj_start=1))
     packed = pack_datums(datums, token_budget=256, row_len=64)
     host_batch = stack_micro_batches(packed.micro_batches, row_multiple=batch_axis_size(mesh))
 

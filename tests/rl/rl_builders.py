@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from sera_jax.agents.records import Node, Tree, Turn
+from sera_jax.agents.records import Node, Tree, Turn, legacy_reward
 from sera_jax.rl.datums import Datum
 
 _ids = itertools.count()
@@ -24,10 +24,15 @@ def turn(index: int, prompt, completion, *, version: int = 3, code: str = "", ou
 
 def node(nid: str, *, parent: str | None = None, fork_step: int | None = None, depth: int = 0, turns=(),
          success: float | None = None, **kw) -> Node:
+    """A node described as older records held its reward (turn ``reward/…`` records, ``env_labels``, a
+    ``RubricScore``), its ``Reward`` read from them by ``legacy_reward`` unless one is given."""
     turns = list(turns)
     if success is not None and turns:
         turns[-1].reward_misc.setdefault("reward/success", success)
-    return Node(id=nid, goal=f"goal of {nid}", parent_id=parent, fork_step=fork_step, depth=depth, turns=turns, **kw)
+    n = Node(id=nid, goal=f"goal of {nid}", parent_id=parent, fork_step=fork_step, depth=depth, turns=turns, **kw)
+    if "reward" not in kw:
+        n.reward = legacy_reward(n)
+    return n
 
 
 def tree(tid: str, nodes, *, index: int = 0, task_id: str = "task0", **kw) -> Tree:
@@ -46,6 +51,6 @@ def random_datums(rng: np.random.Generator, n: int, max_len: int = 60) -> list[D
         mask[-1] = 1
         out.append(Datum(tokens=tuple(int(t) for t in rng.integers(1, 50, L)), mask=tuple(mask),
                          logprobs=tuple(float(-x) if m else 0.0 for x, m in zip(rng.random(L), mask)),
-                         versions=tuple(3 if m else -1 for m in mask), scalar=float(rng.normal()),
-                         objective="execution", traj_depth=0, traj_start=1, node_id=f"n{i}"))
+                         versions=tuple(3 if m else -1 for m in mask), reward=(r := float(rng.normal())),
+                         advantage=r, objective="execution", traj_depth=0, traj_start=1, node_id=f"n{i}"))
     return out

@@ -80,8 +80,10 @@ def test_depth_weights_average_one_per_datum_and_equalise_trajectory_mass(levels
     assert max(masses) == pytest.approx(min(masses))
 
 
-def _d(scalar, depth, start, trainable=True):
-    return Datum((1, 2), (0, 1), (0.0, -0.5), (-1, 1), scalar, "execution", depth, start, trainable=trainable)
+def _d(reward, depth, start, trainable=True, advantage=None):
+    return Datum(tokens=(1, 2), mask=(0, 1), logprobs=(0.0, -0.5), versions=(-1, 1), reward=reward,
+                 objective="execution", traj_depth=depth, traj_start=start, trainable=trainable,
+                 advantage=reward if advantage is None else advantage)
 
 
 def test_apply_depth_weights_counts_trajectories_by_traj_start_and_drops_untrainable():
@@ -89,19 +91,21 @@ def test_apply_depth_weights_counts_trajectories_by_traj_start_and_drops_untrain
     out = apply_depth_weights(ds)
     assert len(out) == 4
     w = depth_weights({0: 1, 1: 2}, {0: 1, 1: 3})
-    np.testing.assert_allclose([d.scalar for d in out], [w[0], w[1], w[1], w[1]])
-    assert np.mean([d.scalar for d in out]) == pytest.approx(1.0)
+    np.testing.assert_allclose([d.weight for d in out], [w[0], w[1], w[1], w[1]])
+    assert np.mean([d.weight for d in out]) == pytest.approx(1.0)
+    assert [(d.reward, d.advantage) for d in out] == [(1.0, 1.0)] * 4  # weighting writes the weight only
     g = apply_depth_weights(ds, gamma=0.5)
-    np.testing.assert_allclose([d.scalar for d in g], gamma_depth_weights([0, 1, 1, 1], 0.5))
+    np.testing.assert_allclose([d.weight for d in g], gamma_depth_weights([0, 1, 1, 1], 0.5))
 
 
 def test_rubric_advantages_k1_is_zero_and_placeholder_passes():
-    ph = Datum((), (), (), (), 0.0, "rubric_generation", 1, 1, trainable=False)
+    ph = Datum(tokens=(), mask=(), logprobs=(), versions=(), reward=0.0, objective="rubric_generation",
+               traj_depth=1, traj_start=1, trainable=False, advantage=0.0)
     (one,) = [d for d in assign_rubric_advantages([_d(-0.3, 1, 1)])]
-    assert one.scalar == 0.0
+    assert one.advantage == 0.0 and one.reward == -0.3
     out = assign_rubric_advantages([_d(-0.0083333, 1, 1), ph, _d(-0.1, 1, 1), _d(-0.05, 2, 1)])
     assert out[1] is ph
-    np.testing.assert_allclose([out[0].scalar, out[2].scalar, out[3].scalar],
+    np.testing.assert_allclose([out[0].advantage, out[2].advantage, out[3].advantage],
                                [0.0666667, -0.0708333, 0.0041667], atol=1e-6)
 
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sera_jax.rl.batch import bucket_length, count_loss_tokens, pack_datums
+from sera_jax.rl.batch import count_loss_tokens, pack_datums
 from sera_jax.rl.datums import Datum
 from rl_builders import random_datums
 
 
-def test_bucket_length():
-    assert bucket_length(1) == 256 and bucket_length(256) == 256 and bucket_length(257) == 512
-    assert bucket_length(5, (8, 4)) == 8
-    with pytest.raises(ValueError):
-        bucket_length(20_000)
+def _datum(tokens, mask, logprobs, versions, advantage, weight=1.0):
+    return Datum(tokens=tokens, mask=mask, logprobs=logprobs, versions=versions, reward=advantage,
+                 objective="execution", traj_depth=0, traj_start=1, advantage=advantage, weight=weight)
 
 
 def test_every_datum_lands_intact_with_segments_positions_and_shifted_arrays():
@@ -34,7 +32,7 @@ def test_every_datum_lands_intact_with_segments_positions_and_shifted_arrays():
         np.testing.assert_array_equal(mb.targets[r, sl], d.tokens[1:])
         np.testing.assert_array_equal(mb.positions[r, sl], np.arange(n))
         np.testing.assert_array_equal(mb.loss_mask[r, sl], d.mask[1:])
-        np.testing.assert_allclose(mb.advantages[r, sl], np.float32(d.scalar) * np.asarray(d.mask[1:]))
+        np.testing.assert_allclose(mb.advantages[r, sl], np.float32(d.advantage) * np.asarray(d.mask[1:]))
         np.testing.assert_allclose(mb.old_logprobs[r, sl], np.asarray(d.logprobs[1:], np.float32))
         seg = np.asarray(mb.segment_ids[r, sl])
         assert seg.min() == seg.max() >= 1
@@ -66,7 +64,7 @@ def test_budget_and_edge_cases():
     step = pack_datums(ds, token_budget=300, buckets=(64,))
     for mb in step.micro_batches:
         assert mb.tokens.size <= 300
-    short = Datum((7,), (1,), (-0.1,), (3,), 1.0, "execution", 0, 1)
+    short = _datum((7,), (1,), (-0.1,), (3,), 1.0)
     s2 = pack_datums([short] + ds[:2], token_budget=300, buckets=(64,))
     assert s2.placements[0] == (-1, -1, -1, 0)
     assert s2.num_tokens == count_loss_tokens(ds[:2])
@@ -78,13 +76,25 @@ def test_budget_and_edge_cases():
 
 
 def test_advantages_clip_at_20_by_default():
-    big = Datum((1, 2, 3), (0, 1, 1), (0.0, -0.1, -0.2), (-1, 1, 1), 35.0, "execution", 0, 1)
-    neg = Datum((1, 2), (0, 1), (0.0, -0.1), (-1, 1), -21.0, "execution", 0, 1)
+    big = _datum((1, 2, 3), (0, 1, 1), (0.0, -0.1, -0.2), (-1, 1, 1), 35.0)
+    neg = _datum((1, 2), (0, 1), (0.0, -0.1), (-1, 1), -21.0)
     step = pack_datums([big, neg], buckets=(8,))
     adv = np.asarray(step.micro_batches[0].advantages)
     assert adv.max() == 20.0 and adv.min() == -20.0
     raw = np.asarray(pack_datums([big], buckets=(8,), advantage_clip=None).micro_batches[0].advantages)
     assert raw.max() == 35.0
+
+
+def test_a_datum_trains_on_its_advantage_times_its_weight_clipped():
+    d = _datum((1, 2, 3), (0, 1, 1), (0.0, -0.1, -0.2), (-1, 1, 1), 0.3, weight=1.7)
+    adv = np.asarray(pack_datums([d], buckets=(8,)).micro_batches[0].advantages)[0, :2]
+    assert list(adv) == [np.float32(0.3 * 1.7)] * 2
+    heavy = _datum((1, 2), (0, 1), (0.0, -0.1), (-1, 1), -4.0, weight=6.0)   # −24 after weighting: clipped
+    assert np.asarray(pack_datums([heavy], buckets=(8,)).micro_batches[0].advantages).min() == -20.0
+    unbased = Datum(tokens=(1, 2), mask=(0, 1), logprobs=(0.0, -0.1), versions=(-1, 1), reward=1.0,
+                    objective="execution", traj_depth=0, traj_start=1)
+    with pytest.raises(ValueError, match="no advantage"):
+        pack_datums([unbased], buckets=(8,))
 
 
 

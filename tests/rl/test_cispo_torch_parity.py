@@ -52,7 +52,7 @@ def _torch_loss(model, ds, num_tokens):
         mask = torch.tensor(d.mask[1:], dtype=torch.float32)
         coef = torch.exp(logp - old).clamp(0.0, RATIO_MAX).detach()
         clipped += int(((torch.exp(logp - old) > RATIO_MAX) & (mask > 0)).sum())
-        total = total + (-coef * d.scalar * logp * mask).sum()
+        total = total + (-coef * d.advantage * logp * mask).sum()
     return total / num_tokens, clipped
 
 

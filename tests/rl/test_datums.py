@@ -42,7 +42,7 @@ def test_execution_datums_rewards_filters_and_depth_metadata():
     unscored = node("u", parent="s", fork_step=1, depth=2, turns=[turn(0, [40], [41])], success=1.0)
     t = tree("t", [root, scored, dropped, unscored], index=2)
     ds = execution_datums(t, mode="rubric")
-    assert [(d.node_id, d.traj_depth, d.traj_start, d.scalar) for d in ds] == [("r", 0, 1, 1.0),
+    assert [(d.node_id, d.traj_depth, d.traj_start, d.reward) for d in ds] == [("r", 0, 1, 1.0),
                                                                                ("s", 1, 1, 0.6)]
     r = ds[0]
     # error completions 6 and 8 come back as prompt context (mask 0) inside the next kept prompt
@@ -53,7 +53,7 @@ def test_execution_datums_rewards_filters_and_depth_metadata():
     assert all(d.rollout_index == 2 and d.objective == "execution" for d in ds)
 
     rao = execution_datums(t, mode="rao")
-    assert [(d.node_id, d.scalar) for d in rao] == [("r", 1.0), ("s", 1.0), ("u", 1.0)]
+    assert [(d.node_id, d.reward) for d in rao] == [("r", 1.0), ("s", 1.0), ("u", 1.0)]
     unfiltered = execution_datums(t, mode="rao", filter_errors=False)
     assert unfiltered[0].mask.count(1) == 6  # 2 + 1 + 1 + 2 completion tokens, loop breaker still excluded
 
@@ -69,7 +69,7 @@ def test_execution_advantages_from_datums_section_5_1():
         trees.append(tree(f"t{i}", nodes, index=i))
     ds = [d for t in trees for d in execution_datums(t)]
     adv = assign_execution_advantages(ds, roots)
-    got = {(d.rollout_index, d.node_id): d.scalar for d in adv}
+    got = {(d.rollout_index, d.node_id): d.advantage for d in adv}
     assert got[(0, "r")] == pytest.approx(0.857143, abs=1e-6)
     assert got[(0, "s")] == pytest.approx(0.557143, abs=1e-6)
     assert got[(1, "r")] == pytest.approx(-0.285714, abs=1e-6)
@@ -105,10 +105,10 @@ def test_delegation_section_5_4_end_to_end(bpe, decode):
     per_tree = [delegation_datums(t, decode) for t in trees]
     assert [len(x) for x in per_tree] == [3, 1, 1, 0, 0, 0, 0, 0]
     r0 = per_tree[0]
-    assert [(d.node_id, d.scalar, d.meta["invalid"], d.traj_depth, d.traj_start) for d in r0] == [
+    assert [(d.node_id, d.reward, d.meta["invalid"], d.traj_depth, d.traj_start) for d in r0] == [
         ("root", 1.0, False, 0, 1), ("A", 0.5, False, 1, 1), ("B", 0.0, True, 1, 1)]
     adv = assign_delegation_advantages([d for x in per_tree for d in x], num_rollouts=8)
-    np.testing.assert_allclose([d.scalar for d in adv], [0.857143, 0.357143, -0.142857, 0.928571, -0.214286],
+    np.testing.assert_allclose([d.advantage for d in adv], [0.857143, 0.357143, -0.142857, 0.928571, -0.214286],
                                atol=1e-6)
     # masks: only the launch statement's tokens, and the datum ends at its last masked token
     d = r0[0]
@@ -147,7 +147,7 @@ def test_textworld_delegation_emits_no_invalid_attempt_datums(bpe, decode):
     t = tree("t", [node("root", turns=[_delegate_turn(bpe, 0), _delegate_turn(bpe, 1)], success=1.0),
                    node("c", parent="root", fork_step=0, depth=1, turns=[_delegate_turn(bpe, 0)])])
     tw = delegation_datums(t, decode, env="textworld_sync")
-    assert [(d.node_id, d.meta["fork_step"], d.meta["invalid"], d.scalar) for d in tw] == [("root", 0, False, 1.0)]
+    assert [(d.node_id, d.meta["fork_step"], d.meta["invalid"], d.reward) for d in tw] == [("root", 0, False, 1.0)]
     assert not any(d.meta["invalid"] for d in tw)
     one = 'x = await launch_subagent({"c": 1})'
     tc = tree("t", [node("root", turns=[_launch_turn(bpe, 0, one), _launch_turn(bpe, 1, one)], success=1.0),
@@ -165,8 +165,8 @@ def test_textworld_rao_execution_datums_follow_the_judge_label():
                  node("b", parent="r", fork_step=0, depth=1, turns=[turn(0, [5], [6])], success=1.0)]
         return tree("t", nodes, misc={"env": env})
 
-    assert {d.node_id: d.scalar for d in execution_datums(build("textworld_sync"), mode="rao")} == {"r": 0.0, "a": 1.0}
-    assert {d.node_id: d.scalar for d in execution_datums(build("textcraft"), mode="rao")} == {
+    assert {d.node_id: d.reward for d in execution_datums(build("textworld_sync"), mode="rao")} == {"r": 0.0, "a": 1.0}
+    assert {d.node_id: d.reward for d in execution_datums(build("textcraft"), mode="rao")} == {
         "r": 0.0, "a": 1.0, "b": 1.0}
     assert {d.node_id for d in execution_datums(build("textcraft"), mode="rao", env="textworld_sync")} == {"r", "a"}
 
@@ -192,13 +192,13 @@ def test_rubric_datums_one_per_ranked_group(bpe):
     t1 = tree("t1", [node("root")], index=1, fork_groups=[_group("g4", [0.1, 0.9], [True, False], bpe)])
     ds = rubric_datums([t0, t1])
     assert [(d.group_id, d.traj_depth, d.traj_start) for d in ds] == [("g0", 2, 1), ("g4", 1, 1)]
-    assert ds[0].scalar == pytest.approx(-0.1 / 12, rel=1e-5)
-    assert ds[1].scalar == pytest.approx(-1.0, rel=1e-6)  # hinge = 0.2 − (0.1 − 0.9)
+    assert ds[0].reward == pytest.approx(-0.1 / 12, rel=1e-5)
+    assert ds[1].reward == pytest.approx(-1.0, rel=1e-6)  # hinge = 0.2 − (0.1 − 0.9)
     rt = t0.fork_groups[0].rubric_turn
     assert ds[0].tokens == tuple(rt.prompt_ids + rt.completion_ids)
     assert sum(ds[0].mask) == len(rt.completion_ids) and ds[0].mask[-1] == 1
     assert not any(tok >= 1400 for d in ds for tok in d.tokens)  # scorer calls are never trained
     rd = rubric_datums([t0], objective="order_discrimination")
-    assert rd[0].scalar == pytest.approx(0.7983453, abs=1e-6)
+    assert rd[0].reward == pytest.approx(0.7983453, abs=1e-6)
     (ph,) = rubric_datums([tree("t2", [node("root")], fork_groups=[_group("g5", S, [False] * 8, bpe)])])
     assert not ph.trainable and ph.tokens == ()

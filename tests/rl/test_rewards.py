@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl_builders import node, tree, turn
-from sera_jax.agents.records import RubricScore
+from sera_jax.agents.records import Reward, RubricScore
 from sera_jax.rl.rewards import (
-    JUDGE_LABEL, env_success, execution_reward, filter_success, hinge_rank_reward, hinge_rank_rewards, leaf_coverage_rewards,
+    env_success, execution_reward, filter_success, hinge_rank_reward, hinge_rank_rewards, leaf_coverage_rewards,
     rank_disc_reward, rank_disc_rewards, ranking_diagnostics,
 )
 
@@ -113,23 +113,22 @@ def test_ranking_diagnostics():
 # ---------------------------------------------------------------------------------------------- execution
 
 def test_execution_reward_root_sub_rao_and_errors():
-    root = node("r", turns=[turn(0, [1], [2])], success=1.0)
-    sub = node("s", parent="r", fork_step=0, depth=1, turns=[turn(0, [1], [2], reward_misc={
-        "reward/code_success": 0.0, "reward/success": 0.7, "reward/filter_success": 1.0})],
-        rubric_score=RubricScore(0.7, True, 0.0))
+    root = node("r", turns=[turn(0, [1], [2])], reward=Reward(environment=1.0))
+    sub = node("s", parent="r", fork_step=0, depth=1, turns=[turn(0, [1], [2])],
+               reward=Reward(environment=0.0, rubric_score=0.7), rubric_score=RubricScore(0.7, True, 0.0))
     assert execution_reward(root, is_root=True, mode="rubric") == 1.0
     assert execution_reward(sub, is_root=False, mode="rubric") == pytest.approx(0.7)
     assert execution_reward(sub, is_root=False, mode="rao") == 0.0   # the env value, not the score
     assert filter_success(sub) == 1.0
-    unscored = node("u", parent="r", fork_step=0, turns=[turn(0, [1], [2])], success=1.0)
+    unscored = node("u", parent="r", fork_step=0, turns=[turn(0, [1], [2])], reward=Reward(environment=1.0))
     assert execution_reward(unscored, is_root=False, mode="rubric") is None
     assert execution_reward(unscored, is_root=False, mode="rao") == 1.0
-    crashed = node("x", turns=[turn(0, [1], [2])], success=1.0, rollout_error_zero_reward=True)
+    crashed = node("x", turns=[turn(0, [1], [2])], reward=Reward(environment=1.0), rollout_error_zero_reward=True)
     assert execution_reward(crashed, is_root=True) == 0.0
-    skipped = node("k", turns=[turn(0, [1], [2])], success=1.0, skip_gradient_update=True)
+    skipped = node("k", turns=[turn(0, [1], [2])], reward=Reward(environment=1.0), skip_gradient_update=True)
     assert execution_reward(skipped, is_root=True) is None
-    # no reward/* keys at all: the node's reward field is used
-    assert env_success(node("n", turns=[turn(0, [1], [2])], reward=1.0)) == 1.0
+    # never graded by the environment (no finish): 0
+    assert env_success(node("n", turns=[turn(0, [1], [2])], reward=Reward(judge=1.0))) == 0.0
     with pytest.raises(ValueError):
         execution_reward(sub, is_root=False, mode="bogus")
 
@@ -137,28 +136,29 @@ def test_execution_reward_root_sub_rao_and_errors():
 def test_execution_reward_textworld_rao_uses_the_judge_label():
     """TW RAO sub-agents: the execution judge's label, never the world check (which means "the whole task is
     solved"); no label → not trained; TextCraft keeps its env check; the root is always the world check."""
-    def child(**kw):
-        return node("c", parent="r", fork_step=0, depth=1, turns=[turn(0, [1], [2])], success=0.0, **kw)
+    def child(judge=None, rubric_score=None, **kw):
+        return node("c", parent="r", fork_step=0, depth=1, turns=[turn(0, [1], [2])],
+                    reward=Reward(environment=0.0, judge=judge, rubric_score=rubric_score), **kw)
 
     tw = "textworld_sync"
-    done = child(env_labels={JUDGE_LABEL: 1.0})
+    done = child(judge=1.0)
     assert env_success(done) == 0.0
     assert execution_reward(done, is_root=False, mode="rao", env=tw) == 1.0
     assert execution_reward(done, is_root=False, mode="rao") == 1.0              # a label wins wherever it is
-    assert execution_reward(child(env_labels={JUDGE_LABEL: 0.0}), is_root=False, mode="rao", env=tw) == 0.0
+    assert execution_reward(child(judge=0.0), is_root=False, mode="rao", env=tw) == 0.0
     assert execution_reward(child(), is_root=False, mode="rao", env=tw) is None  # no label: not trained
     assert execution_reward(child(), is_root=False, mode="rao", env="textcraft") == 0.0
-    solved = node("s", parent="r", fork_step=0, depth=1, turns=[turn(0, [1], [2])], success=1.0)
+    solved = node("s", parent="r", fork_step=0, depth=1, turns=[turn(0, [1], [2])], reward=Reward(environment=1.0))
     assert execution_reward(solved, is_root=False, mode="rao", env="textcraft") == 1.0
     assert execution_reward(solved, is_root=False, mode="rao", env=tw) is None
-    crashed = child(env_labels={JUDGE_LABEL: 1.0}, rollout_error_zero_reward=True)
+    crashed = child(judge=1.0, rollout_error_zero_reward=True)
     assert execution_reward(crashed, is_root=False, mode="rao", env=tw) == 0.0
     failed = child(skip_gradient_update=True)                                   # the judge call failed
     assert execution_reward(failed, is_root=False, mode="rao", env=tw) is None
-    root = node("r", turns=[turn(0, [1], [2])], success=1.0, env_labels={JUDGE_LABEL: 0.0})
+    root = node("r", turns=[turn(0, [1], [2])], reward=Reward(environment=1.0, judge=0.0))
     assert execution_reward(root, is_root=True, mode="rao", env=tw) == 1.0
     # SERA variants on TextWorld keep the rubric score
-    scored = child(rubric_score=RubricScore(0.4, False, 0.0), env_labels={JUDGE_LABEL: 1.0})
+    scored = child(rubric_score=0.4, judge=1.0)
     assert execution_reward(scored, is_root=False, mode="rubric", env=tw) == pytest.approx(0.4)
 
 

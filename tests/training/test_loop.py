@@ -178,3 +178,27 @@ def test_generation_metrics_are_counter_deltas_over_engines():
     assert m["rollout/completion_tokens"] == 90 and m["rollout/completion_tokens_per_s"] == 22.5
     assert m["rollout/prefill_tokens"] == 300 and m["rollout/cached_prompt_tokens"] == 64
     assert m["rollout/mean_live_rows"] == 7 / 3 and m["rollout/mean_batch_rows"] == 12 / 3
+
+
+def test_the_configured_advantage_clip_reaches_the_packed_batch(world, tmp_path, monkeypatch):
+    # batch.advantage_clip travels Loop → build_batch → pack_datums: the same scripted step packed under clip 20 and
+    # under a clip far below its advantages (RAO root LOO: ±0.5 and more) gives different packed advantages.
+    import sera_jax.training.loop as loop_module
+
+    packed = []
+
+    def capture(groups, method, **kw):
+        batch, info = loop_module_build_batch(groups, method, **kw)
+        packed.append((kw["advantage_clip"], np.asarray(batch.advantages)))
+        return None, {**info, "reason": "captured"}  # skip the update: only the batch matters here
+
+    loop_module_build_batch = loop_module.build_batch
+    monkeypatch.setattr(loop_module, "build_batch", capture)
+    for clip in (20.0, 0.01):
+        loop = _loop(world, tmp_path / str(clip))
+        loop.advantage_clip = clip
+        assert asyncio.run(loop.step()).reason == "captured"
+    (wide, a), (narrow, b) = packed
+    assert (wide, narrow) == (20.0, 0.01)
+    assert np.abs(a).max() > 0.01 and np.abs(b).max() == pytest.approx(0.01) and not np.array_equal(a, b)
+    np.testing.assert_array_equal(np.sign(a), np.sign(b))  # the same datums, the same tokens: only clipped

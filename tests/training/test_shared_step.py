@@ -64,7 +64,7 @@ def _groups(seed: int, n_groups: int, per_group: int, *, depths=(0, 1, 2), rubri
         ds = random_datums(rng, per_group, max_len=90)
         ds = [dataclasses.replace(d, traj_depth=int(rng.choice(depths)), traj_start=int(rng.integers(0, 2)),
                                   objective="rubric_generation" if rubric else d.objective,
-                                  meta={"reward": float(rng.normal())} if rubric else {})
+                                  reward=float(rng.normal()) if rubric else d.reward)
               for d in ds]
         groups.append(GroupCredit(ds, True))
     return groups
@@ -81,12 +81,12 @@ def test_depth_weights_of_a_share_under_the_step_histogram_equal_the_whole_steps
     whole = [d for g in _groups(1, 4, 6) for d in g.datums]
     a, b = whole[:10], whole[10:]
     shared = SharedStep([_figures([GroupCredit(a, True)]), _figures([GroupCredit(b, True)])])
-    expect = [d.scalar for d in apply_depth_weights(whole, gamma=gamma)]
-    got = [d.scalar for part in (a, b) for d in apply_depth_weights(part, gamma=gamma,
-                                                                   histogram=shared.depth_histogram())]
+    expect = [d.advantage * d.weight for d in apply_depth_weights(whole, gamma=gamma)]
+    got = [d.advantage * d.weight for part in (a, b) for d in apply_depth_weights(part, gamma=gamma,
+                                                                                 histogram=shared.depth_histogram())]
     np.testing.assert_allclose(got, expect, rtol=1e-12)
     # weighting each share on its own would not: the shares' depth mixes differ
-    alone = [d.scalar for part in (a, b) for d in apply_depth_weights(part, gamma=gamma)]
+    alone = [d.advantage * d.weight for part in (a, b) for d in apply_depth_weights(part, gamma=gamma)]
     assert not np.allclose(alone, expect)
 
 
@@ -100,7 +100,7 @@ def test_step_scope_rubric_credit_of_the_shares_equals_the_whole_steps():
     assert pool == step_rubric_rewards(groups) and (off0, off1) == (0, 8)
     split = step_rubric_credit(mine, -1.0, pool=pool, offset=off0) + step_rubric_credit(theirs, -1.0, pool=pool,
                                                                                         offset=off1)
-    assert [d.scalar for g in split for d in g.datums] == [d.scalar for g in whole for d in g.datums]
+    assert [d.advantage for g in split for d in g.datums] == [d.advantage for g in whole for d in g.datums]
     with pytest.raises(ValueError, match="offset"):
         step_rubric_credit(theirs, -1.0, pool=pool, offset=0)
 

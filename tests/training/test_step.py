@@ -30,7 +30,8 @@ def _datums(params, n=6, seed=0):
         mask = [0] * prompt + [1] * (length - prompt)
         out.append(Datum(tokens=tuple(int(t) for t in tokens), mask=tuple(mask),
                          logprobs=tuple(float(x) for x in behaviour), versions=(0,) * length,
-                         scalar=float(rng.normal()), objective="execution", traj_depth=0, traj_start=1))
+                         reward=0.0, advantage=float(rng.normal()), objective="execution", traj_depth=0,
+                         traj_start=1))
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from sera_jax.config import load_config
 from sera_jax.training.build import build_loop
-from sera_jax.training.step_batch import micro_batch_count
+from sera_jax.rl.shapes import micro_batch_count
 
 SMALL = ["model.init_from=null", "train.warmup=true", "rollout.tasks_per_step=1", "rollout.trees_per_task=2",
          "rollout.speculative_groups_per_rank=0", "rollout.context_tokens=256", "rollout.max_prompt_tokens=192",

@@ -150,7 +150,7 @@ def test_under_ten_turns_greedy_children_collide_and_own_goal_children_each_fini
     assert cfg10.env.max_steps == 10
     for rule in ("greedy", "own_goal"):
         _, _, trees = _play(cfg10, tok, tasks, delegate_prob=1.0, fail_prob=0.0, child_rule=rule)
-        assert all(t.root.reward == 1.0 for t in trees)
+        assert all(t.root.reward.environment == 1.0 for t in trees)
         children = [n for t in trees for n in t.nodes.values() if n.depth]
         refused = sum(bool(x.error) for n in children for x in n.turns)
         own = [all(eaten_dishes(n.misc.get("final_observation", "")).get(d) for d, _ in dish_specs(n.goal))
@@ -164,12 +164,13 @@ def test_under_ten_turns_greedy_children_collide_and_own_goal_children_each_fini
 def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok, tasks):
     for prob, children in ((1.0, 2), (0.0, 0)):
         _, gen, trees = _play(cfg, tok, tasks, delegate_prob=prob, fail_prob=0.0)
-        assert all(t.root.reward == 1.0 for t in trees), [t.task_id for t in trees if t.root.reward != 1.0]
+        assert all(t.root.reward.environment == 1.0 for t in trees), \
+            [t.task_id for t in trees if t.root.reward.environment != 1.0]
         assert {len(t.nodes) - 1 for t in trees} == {children}
         for t in trees:  # every sub-agent ate its own dish and said so; the world's steps are within budget
             for n in t.nodes.values():
                 if n.depth:
-                    assert n.rubric_score.score == 1.0 and n.env_labels["judge_success"] == 1.0
+                    assert n.reward.rubric_score == 1.0 and n.reward.judge == 1.0
         root_prompt = tok.decode(gen.records[0][1])
         assert "# Valid Actions\n" in root_prompt and root_prompt.rstrip().endswith("<|im_start|>assistant")
 
@@ -180,9 +181,9 @@ def test_sabotaged_children_are_scored_and_judged_zero_and_the_root_finishes_the
     assert len(oracle.sabotaged) == len(children) == 2 * len(trees)
     for n in children:  # each claims its dish and did not eat it
         assert n.finish_message.startswith("Prepared and ate dish_")
-        assert n.rubric_score.score == 0.0 and n.env_labels["judge_success"] == 0.0
+        assert n.reward.rubric_score == 0.0 and n.reward.judge == 0.0
     # The root then cooks what is left itself (its budget allows it on most Easy tasks).
-    assert sum(t.root.reward for t in trees) >= len(trees) - 2
+    assert sum(t.root.reward.environment for t in trees) >= len(trees) - 2
     assert all(len(t.root.turns) > 1 for t in trees)
 
 

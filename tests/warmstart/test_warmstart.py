@@ -61,7 +61,7 @@ def test_oracle_solves_easy_tasks_with_and_without_delegation(cfg, tok):
     tasks = [t for t in load_tasks("val") if t.difficulty == "easy"][:3]
     for delegate in (0.0, 1.0):
         oracle, gen, trees = _run_oracle(cfg, tok, tasks, delegate_prob=delegate, fail_prob=0.0)
-        assert [t.nodes[t.root_id].reward for t in trees] == [1.0] * len(tasks)
+        assert [t.nodes[t.root_id].reward.environment for t in trees] == [1.0] * len(tasks)
         # launches that created a child (a refused launch is recorded with none)
         delegations = sum(bool(d.child_ids) for t in trees for d in t.delegations)
         assert (delegations > 0) == (delegate == 1.0)
@@ -88,7 +88,7 @@ def test_sabotaged_children_fail_and_demos_keep_only_good_turns(cfg, tok):
     # every agent failed (children sabotaged, roots then short of ingredients): the sabotaged children are not demos,
     # the roots are (they played the gold plan; only their children's sabotage failed them), and so are the calls
     roots = {(t.id, t.root_id) for t in trees}
-    assert all(t.nodes[t.root_id].reward == 0.0 for t in trees)
+    assert all(t.nodes[t.root_id].reward.environment == 0.0 for t in trees)
     assert counts["agents_kept"] == len(roots)
     assert {(d.tree_id, d.node_id) for d in datums if d.objective == "execution"} == roots
     assert {d.objective for d in datums} == {"execution", "rubric_generation", "scoring"}
@@ -286,8 +286,8 @@ def test_shipped_warm_start_is_the_default_configs():
 
 def _datum(n, tag=0):
     from sera_jax.rl.datums import Datum
-    return Datum(tokens=(tag,) * n, mask=(0,) + (1,) * (n - 1), logprobs=(0.0,) * n, versions=(0,) * n, scalar=1.0,
-                 objective="execution", traj_depth=0, traj_start=0, node_id=str(tag))
+    return Datum(tokens=(tag,) * n, mask=(0,) + (1,) * (n - 1), logprobs=(0.0,) * n, versions=(0,) * n,
+                 reward=1.0, advantage=1.0, objective="execution", traj_depth=0, traj_start=0, node_id=str(tag))
 
 
 def test_by_length_batches_fill_one_micro_batch_of_one_bucket_and_cover_every_datum():

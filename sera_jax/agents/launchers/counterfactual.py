@@ -152,7 +152,8 @@ class CounterfactualCollector:
                 node.fork_group_id, node.branch_index = gid, b
             group.branches.append(Branch(
                 branch_index=b, trajectory_id=node.id if node else None, depth=spec.depth,
-                reward=node.reward if node else 0.0, success=label if node else False,
+                reward=(0.0 if node.rollout_error_zero_reward else node.reward.environment) if node else 0.0,
+                success=label if node else False,
                 initial_state=snapshot, final_state=await observable_state(worlds[b]),
                 finish_message=node.finish_message if node else None,
                 error_message=(node.error_message if node else err), selected=b == 0))

@@ -7,9 +7,9 @@ scoring (a fresh call at temperature 0 with the frozen rubric, the child's own s
 scheduled in the background. The parent is answered at once with the environment's usual text: it never waits for
 or sees the rubric or the score, and the child never sees them either.
 
-A valid score replaces the sub-agent's reward (§3.7): ``node.reward`` ← score, ``node.rubric_score`` ←
-RubricScore(score, success, original env reward, rubric, payload), and on its last turn ``reward/code_success`` ←
-the env value, ``reward/success`` = ``reward/rubric_score`` ← score, ``reward/filter_success`` ← success flag.
+A valid score replaces the sub-agent's reward (§3.7): ``node.reward.rubric_score`` ← score, with
+``node.reward.environment`` ← the env value at its return (the reference's ``reward/code_success``), and
+``node.rubric_score`` ← RubricScore(score, success, original env reward, rubric, payload) records the scoring.
 An invalid rubric or score follows ``failure_policy``: ``drop_trajectory`` (default) marks the child
 ``skip_gradient_update``; ``skip_rollout`` also marks the whole tree (``tree.misc["skip_rollout"]``, and
 ``usable_trees`` leaves it out); ``fallback_binary`` keeps the env reward as the child's score.
@@ -26,6 +26,7 @@ the outstanding scoring tasks and returns the counts also written to ``tree.misc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from sera_jax.agents.env_name import EnvName
@@ -49,7 +50,7 @@ def env_value(node: Node) -> float:
     """Returns the child's environment reward (its binary label; 0 after a rollout error)."""
     if node.rollout_error_zero_reward:
         return 0.0
-    return float(node.env_labels.get("success", node.reward or 0.0))
+    return float(node.env_labels.get("success", node.reward.environment or 0.0))
 
 
 def apply_score(node: Node, score: Score, rubric: dict) -> None:
@@ -57,11 +58,7 @@ def apply_score(node: Node, score: Score, rubric: dict) -> None:
     original = env_value(node)
     node.rubric_score = RubricScore(score=score.value, success=score.success, original_binary_reward=original,
                                     rubric=rubric, score_payload=score.payload)
-    node.reward = score.value
-    if node.turns:
-        node.turns[-1].reward_misc.update({"reward/code_success": original, "reward/success": score.value,
-                                           "reward/rubric_score": score.value,
-                                           "reward/filter_success": float(score.success)})
+    node.reward = dataclasses.replace(node.reward, rubric_score=score.value, environment=original)
 
 
 def apply_failure(tree: Tree, node: Node, policy: str, reason: str, rubric: dict | None) -> None:
@@ -71,6 +68,7 @@ def apply_failure(tree: Tree, node: Node, policy: str, reason: str, rubric: dict
         original = env_value(node)
         node.rubric_score = RubricScore(score=original, success=original > 0, original_binary_reward=original,
                                         rubric=rubric, score_payload={"fallback_binary": reason})
+        node.reward = dataclasses.replace(node.reward, rubric_score=original)
         return
     node.skip_gradient_update = True
     if policy == "skip_rollout":

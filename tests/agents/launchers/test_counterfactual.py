@@ -121,14 +121,14 @@ def test_budget_branches_labels_commit_and_credit(tc_task, tok):
     assert again.fork_groups[0].rubric == g.rubric and len(again.fork_groups[0].score_turns) == 8
     # Credit: the second group is homogeneous (all failed) → not ranked; the first is.
     ds = rubric_datums([tree])
-    assert len(ds) == 1 and ds[0].group_id == g.id and ds[0].scalar == 0.0  # every success beats every failure
+    assert len(ds) == 1 and ds[0].group_id == g.id and ds[0].reward == 0.0  # every success beats every failure
     d = ds[0]
     n = len(g.rubric_turn.prompt_ids)
     assert d.tokens == tuple(g.rubric_turn.prompt_ids) + tuple(g.rubric_turn.completion_ids)
     assert d.mask == (0,) * n + (1,) * len(g.rubric_turn.completion_ids) and d.traj_depth == 1
     credit = task_group_credit("rubric_generation", [tree, tree2], method_config("SERA"))
     assert credit.accepted and len(credit.datums) == 2
-    adv = [x.scalar for x in credit.datums]
+    adv = [x.advantage for x in credit.datums]
     assert adv[0] > 0 > adv[1] and abs(adv[0] + adv[1]) < 1e-9
 
 
@@ -148,7 +148,7 @@ def test_branching_factor_below_eight_is_ranked_and_trained(tc_task, tok):
     back = loads_tree(dumps_tree(tree))
     assert back == tree and back.fork_groups[0].complete
     ds = rubric_datums([tree])  # the other groups (everyone gives up / everyone crafts) are homogeneous
-    assert len(ds) == 1 and ds[0].group_id == g.id and ds[0].scalar == 0.0
+    assert len(ds) == 1 and ds[0].group_id == g.id and ds[0].reward == 0.0
     # A group that lost a branch is incomplete whatever its factor.
     assert not dataclasses.replace(g, branches=g.branches[:3]).complete
 

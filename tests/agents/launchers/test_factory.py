@@ -74,7 +74,7 @@ def test_execution_stage_scores_feed_execution_credit(tw_task, tok):
     sub = [d for d in credit.datums if d.node_id == TW_CHILD]
     # Equal roots → baseline = the root reward; the sub-agent's datum carries score − baseline.
     root_r = trees[0].root.env_labels["success"]
-    assert sub and all(abs(d.scalar - (0.7 - root_r)) < 1e-9 for d in sub)
+    assert sub and all(abs(d.advantage - (0.7 - root_r)) < 1e-9 for d in sub)
 
 
 def test_textworld_rubric_stage_with_a_frozen_policy_judge(tw_task, tok):

@@ -71,13 +71,11 @@ def test_valid_rubric_and_score_textcraft(tc_task, tok):
               f"score:{TC_CHILD}": ['```json\n' + score_text(0.8, True) + '\n```']}
     tree, gen = _run(tc_task, "textcraft", tok, script, score_delay=0.5)
     child = tree.nodes[TC_CHILD]
-    assert child.env_labels["success"] == 1.0 and child.reward == 0.8
+    assert child.env_labels["success"] == 1.0 and child.reward.rubric_score == 0.8
     rs = child.rubric_score
     assert (rs.score, rs.success, rs.original_binary_reward) == (0.8, True, 1.0)
     assert [i["weight"] for i in rs.rubric["rubric_items"]] == [0.5, 0.25, 0.25]
-    assert child.turns[-1].reward_misc["reward/code_success"] == 1.0
-    assert child.turns[-1].reward_misc["reward/success"] == child.turns[-1].reward_misc["reward/rubric_score"] == 0.8
-    assert child.turns[-1].reward_misc["reward/filter_success"] == 1.0
+    assert child.reward.environment == 1.0  # the env value at its return, kept beside the score
     assert tree.delegations[0].kind == "rubric" and tree.misc["rubric_stats"]["scored"] == 1
     # The parent's answer is the default one, and the parent went on before the (slow) score came back.
     assert tree.root.turns[1].output.startswith("made\n\nBudget used by subagent: 1/20 steps.")
@@ -91,7 +89,7 @@ def test_valid_rubric_and_score_textcraft(tc_task, tok):
     _no_rubric_in_agent_prompts(tree, tok)
     assert child.misc["rubric"]["rubric_call"]["prompt_tokens"] > 0 and child.misc["rubric"]["score_error"] == ""
     # The sub-agent's execution datums carry the score.
-    ds = {d.node_id: d.scalar for d in execution_datums(tree, mode="rubric")}
+    ds = {d.node_id: d.reward for d in execution_datums(tree, mode="rubric")}
     assert ds == {"root": tree.root.env_labels["success"], TC_CHILD: 0.8}
 
 
@@ -114,7 +112,7 @@ def test_rubric_inputs_textworld(tw_task, tok):
     assert "dishes" in r  # the observable world state before the call
     s = seen["score"]
     assert "Score this completed SubAgent trajectory using the frozen rubric." in s and "take white onion" in s
-    assert tree.nodes[TW_CHILD].reward == 0.5 and tree.nodes[TW_CHILD].rubric_score.success
+    assert tree.nodes[TW_CHILD].reward.rubric_score == 0.5 and tree.nodes[TW_CHILD].rubric_score.success
     _no_rubric_in_agent_prompts(tree, tok)
 
 
@@ -142,7 +140,9 @@ def test_malformed_rubric_or_score(tw_task, tok, policy, which, case, text):
         assert child.skip_gradient_update and child.rubric_score is None
         assert {d.node_id for d in execution_datums(tree, filter_errors=False)} == {"root"}
         assert usable_trees([tree]) == ([] if policy == "skip_rollout" else [tree])
-    assert child.reward == env  # the env value stays in the slot; only a valid score replaces it
+    # The env value stays; the fallback policy grades with it, the others leave the node ungraded by a rubric.
+    assert child.reward.environment == env
+    assert child.reward.rubric_score == (env if policy == "fallback_binary" else None)
 
 
 def test_two_children_in_lockstep_and_a_failing_rubric_call(tw_task, tok):
