@@ -101,7 +101,7 @@ class CounterEpisode(Episode):
         got = self.world.count if self.node.depth == 0 else self.world.added.get(self.node.id, 0)
         success = 1.0 if got == want else 0.0
         self.node.env_labels["success"] = success
-        self.node.reward = 0.0 if self.node.rollout_error_zero_reward else success
+        self.node.reward = dataclasses.replace(self.node.reward, environment=success)
 
 
 async def open_world(task, *, tree_id, pool, settings, rules="reference") -> CounterWorld:
@@ -156,14 +156,14 @@ def test_a_registered_environment_runs_through_the_runtime_and_credit(toy, tok):
     assert [t.misc["final_digest"] for t in trees] == ["3", "2"]
 
     ex = execution_datums(trees[0], mode="rao")  # the environment is read from the tree's record
-    assert {d.node_id for d in ex} == {"root", "root/subagent-0-0"} and all(d.scalar == 1.0 for d in ex)
+    assert {d.node_id for d in ex} == {"root", "root/subagent-0-0"} and all(d.reward == 1.0 for d in ex)
     dl = delegation_datums(trees[0], tok.decode, env=NAME)
-    assert len(dl) == 1 and dl[0].scalar == 1.0  # one launch, covering the tree's only leaf
+    assert len(dl) == 1 and dl[0].reward == 1.0  # one launch, covering the tree's only leaf
     marked = tok.decode([t for t, m in zip(dl[0].tokens, dl[0].mask) if m])
     assert "delegate" in marked and "finish" not in marked
 
     credit = task_group_credit("execution", trees, method_config("rao"), env=NAME)
-    assert credit.accepted and {round(d.scalar, 6) for d in credit.datums if d.node_id == "root"} == {1.0, -1.0}
+    assert credit.accepted and {round(d.advantage, 6) for d in credit.datums if d.node_id == "root"} == {1.0, -1.0}
 
 
 def test_an_unregistered_environment_is_refused_naming_the_registered_ones(toy):
