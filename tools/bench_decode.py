@@ -118,7 +118,7 @@ def bench_workload(num_agents: int) -> str:
     import transformers
 
     from sera_jax.config import load_config
-    from sera_jax.evaluation.protocol import eval_engine_config
+    from sera_jax.assembly.engines import engine_config
     from sera_jax.model import load_pretrained
     from sera_jax.warmstart.sft import SHIPPED_DIR
 
@@ -129,7 +129,7 @@ def bench_workload(num_agents: int) -> str:
     tokens = sum(c for _, c in turns)
     tiny = load_config([os.path.join(os.path.dirname(WORKLOAD), "..", "..", "configs", "tiny_cpu.yaml")])
     model_cfg, params = load_pretrained(SHIPPED_DIR)
-    ec = eval_engine_config(tiny, model_cfg, "float32")
+    ec = engine_config(tiny, "float32", evaluation=True, model_cfg=model_cfg)
     print(f"workload: {len(chains)} agents, {len(turns)} turns, mean prompt {np.mean([p for p, _ in turns]):.0f}, "
           f"mean completion {np.mean([c for _, c in turns]):.0f} tokens, {conc} agents at a time; the shipped tiny "
           f"warm start ({model_cfg.num_params() / 1e6:.1f}M params, fp32), the evaluation's engine config")

@@ -40,7 +40,8 @@ from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node
 from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.config import load_config
-from sera_jax.evaluation.protocol import eval_engine_config, load_policy
+from sera_jax.assembly.engines import engine_config
+from sera_jax.evaluation.protocol import load_policy
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling import Engine
 from sera_jax.warmstart.textworld_oracle import eaten_dishes, rubric_text
@@ -97,7 +98,8 @@ async def probe(cfg, checkpoint: str | None, paths, limit: int | None = None, co
     whether the child's own dish is eaten (the truth), ``other`` whether another dish is (a scorer that reads "some
     meal eaten" is wrong exactly where the two differ)."""
     policy = load_policy(cfg, checkpoint=checkpoint)
-    engine = Engine(policy.model_cfg, policy.params, eval_engine_config(cfg, policy.model_cfg, policy.model_cfg.dtype),
+    engine = Engine(policy.model_cfg, policy.params, engine_config(cfg, policy.model_cfg.dtype, evaluation=True,
+                                                                        model_cfg=policy.model_cfg),
                     tokenizer=policy.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
                     seed=cfg.train.seed)
     settings = runtime_settings(cfg)
