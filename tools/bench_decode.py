@@ -30,17 +30,15 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import numpy as np
 
 from sera_jax.model import Qwen3Config, init_params, save_pretrained
 from sera_jax.profiling.flops import decode_flops
+from sera_jax.profiling.machine import matmul_rate
 from sera_jax.sampling import Engine, EngineConfig, SamplingParams
 
 
@@ -93,20 +91,6 @@ def workload_flops(cfg, chains) -> float:
             silent += p - start - 1  # prompt tokens before the last one: no logits needed
             prev = p + c
     return decode_flops(cfg, contexts) - 2.0 * cfg.vocab_size * cfg.hidden_size * silent
-
-
-def matmul_rate(cfg) -> float:
-    """Returns this machine's fp32 FLOP/s on the model's largest projection ([1024, D] x [D, F]) under XLA."""
-    import jax.numpy as jnp
-
-    x = jnp.ones((1024, cfg.hidden_size), jnp.float32)
-    w = jnp.ones((cfg.hidden_size, cfg.intermediate_size), jnp.float32)
-    f = jax.jit(lambda x, w: x @ w)
-    f(x, w).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        f(x, w).block_until_ready()
-    return 200 * 2 * x.shape[0] * w.shape[0] * w.shape[1] / (time.perf_counter() - t0)
 
 
 def bench_workload(num_agents: int) -> str:

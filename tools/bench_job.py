@@ -33,8 +33,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import numpy as np
 
 COUNTERS = ("generated_tokens", "prefill_tokens", "cached_tokens", "decode_calls", "decode_live_rows",
@@ -157,7 +155,7 @@ def main() -> None:
     from sera_jax.assembly.engines import engine_config
     from sera_jax.evaluation.protocol import evaluate, load_policy
     from sera_jax.sampling import Engine
-    from tools.bench_decode import matmul_rate
+    from sera_jax.profiling.machine import matmul_rate
 
     paths, overrides = split_cli(args.args)
     cfg = load_config(paths or [str(DEFAULT_CONFIG)], overrides)

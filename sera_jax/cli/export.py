@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     """``sera-export RUN_DIR OUT_DIR``: exports a checkpoint; returns the exit status."""
     p = argparse.ArgumentParser(prog="sera-export", description=(
         "Export an orbax run checkpoint to a Hugging Face directory (config.json, safetensors, tokenizer files) "
-        "that transformers loads; with --import, turn a HF directory into a version-0 run directory (model.init_from, sera-eval "
-        "--checkpoint and sera-serve take it as it is)."))
+        "that transformers loads; with --import, turn a HF directory into a version-0 run directory "
+        "(model.init_from, sera-eval --checkpoint and sera-serve take it as it is)."))
     p.add_argument("src", help="run directory or its checkpoints/ (or a HF directory with --import)")
     p.add_argument("dst", help="output HF directory (or run directory with --import)")
     p.add_argument("--version", type=int, default=None, help="checkpoint version (default: latest)")

@@ -59,7 +59,8 @@ from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
 from sera_jax.training.intact import restore_newest_intact
 from sera_jax.warmstart.sft import shipped_dir, shipped_matches
 
-__all__ = ["Policy", "load_policy", "load_eval_tasks", "run_task", "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
+__all__ = ["Policy", "load_policy", "load_eval_tasks", "run_task",
+           "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
 
 
 @dataclasses.dataclass

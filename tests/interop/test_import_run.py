@@ -44,7 +44,8 @@ def test_an_imported_run_loads_through_init_from_eval_and_serve(tmp_path, capsys
 
 
 def test_a_checkpoints_destination_is_written_as_that_folder_of_its_run(tmp_path):
-    """The older spelling ``sera-export --import HF RUN/checkpoints`` makes the same run, not RUN/checkpoints/checkpoints."""
+    """The older spelling ``sera-export --import HF RUN/checkpoints`` makes the same run (not a
+    RUN/checkpoints/checkpoints)."""
     assert export_main([str(SHIPPED_DIR), str(tmp_path / "run" / "checkpoints"), "--import"]) == 0
     assert (tmp_path / "run" / "checkpoints" / "0").is_dir()
     assert not (tmp_path / "run" / "checkpoints" / "checkpoints").exists()

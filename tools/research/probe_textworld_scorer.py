@@ -13,7 +13,7 @@ The children measured in README (their sampled tokens stripped) are in ``docs/ti
 (``tight_eval_children.jsonl.gz``, with ``--oracle-rubric``) and the shipped warm start's first training trees
 (``train_v0_children_v4.jsonl.gz``); the ``*.json`` beside them are this tool's outputs.
 
-Usage: python tools/probe_textworld_scorer.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR]
+Usage: python tools/research/probe_textworld_scorer.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR]
        [--config configs/tiny_textworld.yaml] [--limit N] [--json OUT] [--oracle-rubric]
 (without ``--checkpoint``: the config's starting policy, e.g. the shipped warm start)
 """
@@ -25,11 +25,8 @@ import asyncio
 import collections
 import json
 import re
-import sys
 from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 
