@@ -1,5 +1,5 @@
-"""tools/textworld_failures.py on trees the oracle plays through the real runtime under the default's 10 own turns:
-delegating trees are solved (though the two children, acting on one world from the same observation, collide), a
+"""tools/research/textworld_failures.py on trees the oracle plays through the real runtime under the default's 10
+own turns: delegating trees are solved (though the two children, acting on one world from the same observation, collide), a
 root that never delegates fails as ``root acted alone``, a root whose turns after its children returned are refused
 is ``stuck``, and a reply's probability is the same whichever way the tool tokenises it."""
 
@@ -23,7 +23,7 @@ from sera_jax.warmstart.textworld_demos import ENV
 from sera_jax.warmstart.textworld_oracle import TextWorldOracle
 
 _spec = importlib.util.spec_from_file_location(
-    "textworld_failures", Path(__file__).resolve().parents[1] / "tools" / "textworld_failures.py")
+    "textworld_failures", Path(__file__).resolve().parents[1] / "tools" / "research" / "textworld_failures.py")
 tf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tf)
 

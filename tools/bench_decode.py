@@ -30,17 +30,15 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import numpy as np
 
 from sera_jax.model import Qwen3Config, init_params, save_pretrained
 from sera_jax.profiling.flops import decode_flops
+from sera_jax.profiling.machine import matmul_rate
 from sera_jax.sampling import Engine, EngineConfig, SamplingParams
 
 
@@ -95,20 +93,6 @@ def workload_flops(cfg, chains) -> float:
     return decode_flops(cfg, contexts) - 2.0 * cfg.vocab_size * cfg.hidden_size * silent
 
 
-def matmul_rate(cfg) -> float:
-    """Returns this machine's fp32 FLOP/s on the model's largest projection ([1024, D] x [D, F]) under XLA."""
-    import jax.numpy as jnp
-
-    x = jnp.ones((1024, cfg.hidden_size), jnp.float32)
-    w = jnp.ones((cfg.hidden_size, cfg.intermediate_size), jnp.float32)
-    f = jax.jit(lambda x, w: x @ w)
-    f(x, w).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        f(x, w).block_until_ready()
-    return 200 * 2 * x.shape[0] * w.shape[0] * w.shape[1] / (time.perf_counter() - t0)
-
-
 def bench_workload(num_agents: int) -> str:
     """Replays ``num_agents`` agents' turns (see the module docstring, part 0) on the engine and on transformers;
     prints the table and returns the RESULT fields."""
@@ -118,7 +102,7 @@ def bench_workload(num_agents: int) -> str:
     import transformers
 
     from sera_jax.config import load_config
-    from sera_jax.evaluation.protocol import eval_engine_config
+    from sera_jax.assembly.engines import engine_config
     from sera_jax.model import load_pretrained
     from sera_jax.warmstart.sft import SHIPPED_DIR
 
@@ -129,7 +113,7 @@ def bench_workload(num_agents: int) -> str:
     tokens = sum(c for _, c in turns)
     tiny = load_config([os.path.join(os.path.dirname(WORKLOAD), "..", "..", "configs", "tiny_cpu.yaml")])
     model_cfg, params = load_pretrained(SHIPPED_DIR)
-    ec = eval_engine_config(tiny, model_cfg, "float32")
+    ec = engine_config(tiny, "float32", evaluation=True, model_cfg=model_cfg)
     print(f"workload: {len(chains)} agents, {len(turns)} turns, mean prompt {np.mean([p for p, _ in turns]):.0f}, "
           f"mean completion {np.mean([c for _, c in turns]):.0f} tokens, {conc} agents at a time; the shipped tiny "
           f"warm start ({model_cfg.num_params() / 1e6:.1f}M params, fp32), the evaluation's engine config")

@@ -33,8 +33,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import numpy as np
 
 COUNTERS = ("generated_tokens", "prefill_tokens", "cached_tokens", "decode_calls", "decode_live_rows",
@@ -154,15 +152,16 @@ def main() -> None:
     from sera_jax.agents.efficiency import efficiency_line
     from sera_jax.cli.common import DEFAULT_CONFIG
     from sera_jax.config import load_config, split_cli
-    from sera_jax.evaluation.protocol import eval_engine_config, evaluate, load_policy
+    from sera_jax.assembly.engines import engine_config
+    from sera_jax.evaluation.protocol import evaluate, load_policy
     from sera_jax.sampling import Engine
-    from tools.bench_decode import matmul_rate
+    from sera_jax.profiling.machine import matmul_rate
 
     paths, overrides = split_cli(args.args)
     cfg = load_config(paths or [str(DEFAULT_CONFIG)], overrides)
     policy = load_policy(cfg)
     dtype = "bfloat16" if jax.default_backend() == "gpu" else policy.model_cfg.dtype
-    engine_cfg = eval_engine_config(cfg, policy.model_cfg, dtype)
+    engine_cfg = engine_config(cfg, dtype, evaluation=True, model_cfg=policy.model_cfg)
     if args.no_device_stops:
         engine_cfg = dataclasses.replace(engine_cfg, max_stop_seqs=0)
     if args.chunk_steps is not None:

@@ -15,12 +15,9 @@ seconds: it checks that the script and the kernels run, its times mean nothing. 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
 import jax.numpy as jnp

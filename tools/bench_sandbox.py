@@ -19,8 +19,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from envs_py.sandbox import Sandbox, Zygote
 
 TICK = os.sysconf("SC_CLK_TCK")

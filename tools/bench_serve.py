@@ -27,18 +27,16 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 import httpx
 import numpy as np
 
 from sera_jax.interop.export import import_pretrained
+from sera_jax.profiling.machine import matmul_rate
 from sera_jax.sampling import Engine, SamplingParams
 from sera_jax.serving.policy import load_served_policy
 from sera_jax.serving.process import serve_process
 from sera_jax.serving.server import ServeOptions, engine_config
 from sera_jax.warmstart.sft import SHIPPED_DIRS
-from tools.bench_decode import matmul_rate
 
 ITEMS = ["oak planks", "stick", "crafting table", "wooden pickaxe", "iron ingot", "torch", "chest", "ladder",
          "bowl", "furnace", "lever", "stone axe", "birch boat", "oak door", "iron bars", "bucket"]

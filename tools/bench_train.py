@@ -51,7 +51,6 @@ def _pin_threads(argv: list[str]) -> int:
 
 THREADS = _pin_threads(sys.argv[1:]) if __name__ == "__main__" else 0
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

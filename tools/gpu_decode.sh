@@ -15,9 +15,8 @@ if [[ "$GPU_TINY" == 0 ]]; then
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 fi
 exec "$PY" - "$@" <<'PYEOF'
-import argparse, asyncio, os, sys, time
+import argparse, asyncio, time
 
-sys.path.insert(0, os.getcwd())
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv=None):

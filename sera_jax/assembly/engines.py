@@ -28,25 +28,34 @@ def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
 
 
 def engine_config(cfg: RunConfig, model_dtype: str, engines: int = 1, kv_fraction: float = KV_FRACTION, *,
-                  backend: str | None = None, bytes_limit: int | None = None) -> EngineConfig:
+                  backend: str | None = None, bytes_limit: int | None = None, evaluation: bool = False,
+                  model_cfg: Any = None) -> EngineConfig:
     """Returns one engine's sizes: rows for its share (of ``engines``) of the in-flight agents of the groups in
     flight, a KV pool of at most ``kv_fraction`` of device memory. ``backend`` and ``bytes_limit`` (the device
-    allocator's limit) default to the running backend's; the deviceless compile passes its target's."""
-    r = cfg.rollout
-    groups = -(-groups_in_flight(cfg) // engines)
-    rows = 1 << max(3, (groups * r.trees_per_task * 2 - 1).bit_length())
-    rows = min(rows, 256)
+    allocator's limit) default to the running backend's; the deviceless compile passes its target's.
+
+    ``evaluation=True`` sizes ``sera-eval``'s engine instead: rows for ``eval.concurrency`` trees and their
+    sub-agents, ``eval.context_tokens`` of context. ``model_cfg`` is the served model's (a checkpoint's or a HF
+    directory's may differ from ``cfg``'s); default ``cfg.model_config()``."""
+    if evaluation:
+        context = cfg.eval.context_tokens
+        agents = 2 * cfg.eval.concurrency          # each tree's root and a sub-agent at a time
+    else:
+        r = cfg.rollout
+        context = r.context_tokens
+        agents = -(-groups_in_flight(cfg) // engines) * r.trees_per_task * 2
+    rows = min(256, 1 << max(3, (agents - 1).bit_length()))
     block = 16
-    blocks_per_seq = -(-r.context_tokens // block)
+    blocks_per_seq = -(-context // block)
     # The pool holds what fits in a share of device memory (paged: rows share it; a request waits when it is full).
-    m = cfg.model_config()
+    m = model_cfg if model_cfg is not None else cfg.model_config()
     bytes_per_block = 2 * m.num_layers * m.num_kv_heads * m.head_dim * block * (2 if model_dtype == "bfloat16" else 4)
     budget = kv_cache_budget_bytes(kv_fraction, bytes_limit)
     num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, budget // bytes_per_block))
-    shapes = (cpu_shapes(rows, r.context_tokens, block) if (backend or jax.default_backend()) == "cpu"
-              else dict(max_prefill_len=min(2048, r.context_tokens)))
+    shapes = (cpu_shapes(rows, context, block) if (backend or jax.default_backend()) == "cpu"
+              else dict(max_prefill_len=min(2048, context)))
     return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks),
-                        max_context=r.context_tokens, dtype=model_dtype, **shapes)
+                        max_context=context, dtype=model_dtype, **shapes)
 
 
 def kv_cache_budget_bytes(fraction: float = 0.35, bytes_limit: int | None = None) -> int:

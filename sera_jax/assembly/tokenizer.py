@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from sera_jax.agents import environments
 from sera_jax.model.tokenizer import Tokenizer, load_tokenizer
@@ -36,3 +38,38 @@ def resolve_tokenizer(spec: str | None, hf_dir: str | None) -> tuple[Tokenizer, 
                                     f"with `python -m {REBUILD[name]} {path}`")
         spec = str(path)
     return load_tokenizer(spec), spec
+
+
+def config_tokenizer(config: Any) -> str | None:
+    """Returns ``model.tokenizer`` of a recorded run config (a dict), or None."""
+    model = config.get("model") if isinstance(config, dict) else None
+    spec = model.get("tokenizer") if isinstance(model, dict) else None
+    return spec if isinstance(spec, str) and spec else None
+
+
+def warmstart_tokenizer(directory: Path) -> str | None:
+    """Returns the tokenizer a shipped warm start (``warmstart.json``) was trained with, or None."""
+    record = directory / "warmstart.json"
+    if not record.is_file():
+        return None
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return config_tokenizer((data.get("provenance") or {}).get("config"))
+
+
+def hf_dir_tokenizer(hf_dir: str | Path) -> str:
+    """Returns where a Hugging Face directory's tokenizer is: the directory when it holds tokenizer files, else the
+    file of the tokenizer its warm start record names (a shipped warm start carries none of its own), else the
+    directory all the same (readers then fall back to their config's)."""
+    hf_dir = Path(hf_dir).absolute()
+    if (hf_dir / "tokenizer.json").is_file() or any(hf_dir.glob("*.model")):
+        return str(hf_dir)
+    spec = warmstart_tokenizer(hf_dir)
+    if spec is not None:
+        try:
+            return resolve_tokenizer(spec, None)[1]
+        except (OSError, ValueError):
+            pass  # a record naming a tokenizer this install lacks: the readers' own fallbacks apply
+    return str(hf_dir)

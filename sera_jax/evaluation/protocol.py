@@ -37,7 +37,8 @@ from sera_jax.agents.phases import tracing
 from sera_jax.agents.records import Tree, write_jsonl
 from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.settings import RuntimeSettings
-from sera_jax.assembly.engines import kv_cache_budget_bytes
+from sera_jax.assembly.engines import engine_config
+from sera_jax.assembly.settings import runtime_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import RunConfig
@@ -54,13 +55,12 @@ from sera_jax.model import init_params, load_pretrained
 from sera_jax.model.tokenizer import load_tokenizer
 from sera_jax.parallel.hosts import Exchange, deal_ranks
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
-from sera_jax.sampling import Engine, EngineConfig
-from sera_jax.sampling.engine_config import cpu_shapes
+from sera_jax.sampling import Engine
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
 from sera_jax.training.intact import restore_newest_intact
 from sera_jax.warmstart.sft import shipped_dir, shipped_matches
 
-__all__ = ["Policy", "load_policy", "eval_settings", "eval_engine_config", "load_eval_tasks", "run_task",
+__all__ = ["Policy", "load_policy", "load_eval_tasks", "run_task",
            "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
 
 
@@ -119,36 +119,6 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
     params = init_params(jax.random.fold_in(jax.random.key(cfg.train.seed), 0), model_cfg)
     return Policy(model_cfg, params, tok, str(tok_path), f"random init (preset {cfg.model.preset}, "
                                                            f"seed {cfg.train.seed})")
-
-
-def eval_settings(cfg: RunConfig, run_index: int = 0) -> RuntimeSettings:
-    """Returns the runtime settings of evaluation run ``run_index`` (the ``eval`` caps, temperature and step limit;
-    depth from ``env.max_depth``; seed ``train.seed + run_index``)."""
-    e = cfg.eval
-    return RuntimeSettings.for_env(
-        cfg.env.name, evaluation=True, max_steps=e.max_steps, max_depth=cfg.env.max_depth,
-        max_prompt_tokens=e.max_prompt_tokens, max_context=e.context_tokens, max_new_tokens=e.max_completion_tokens,
-        temperature=e.temperature, deterministic=cfg.train.deterministic_scheduling, seed=cfg.train.seed + run_index,
-        prompt_style=cfg.env.prompt_style, token_history=cfg.env.token_history)
-
-
-def eval_engine_config(cfg: RunConfig, model_cfg, dtype: str):
-    """Returns the engine sizes for evaluation: rows for the concurrent trees and their sub-agents, a KV pool in a
-    share of device memory; on CPU few shape buckets (compilation dominates there)."""
-
-    e = cfg.eval
-    rows = min(256, 1 << max(3, (2 * e.concurrency - 1).bit_length()))
-    block = 16
-    blocks_per_seq = -(-e.context_tokens // block)
-    bytes_per_block = (2 * model_cfg.num_layers * model_cfg.num_kv_heads * model_cfg.head_dim * block
-                       * (2 if dtype == "bfloat16" else 4))
-    num_blocks = max(blocks_per_seq + 1, min(1 + rows * blocks_per_seq, kv_cache_budget_bytes() // bytes_per_block))
-    prefill = min(2048, e.context_tokens)
-    shapes: dict[str, Any] = dict(max_prefill_len=prefill, max_prefill_tokens=max(8192, 4 * prefill))
-    if jax.default_backend() == "cpu":
-        shapes = cpu_shapes(rows, e.context_tokens, block)
-    return EngineConfig(max_batch=rows, block_size=block, num_blocks=int(num_blocks), max_context=e.context_tokens,
-                        dtype=dtype, **shapes)
 
 
 def load_eval_tasks(cfg: RunConfig, num_tasks: int | None = None) -> list:
@@ -266,7 +236,8 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
             raise ValueError(f"tokenizer {policy.tokenizer_path} has {policy.tokenizer.vocab_size} tokens, more "
                              f"than the model's vocab_size {policy.model_cfg.vocab_size}")
         dtype = "bfloat16" if jax.default_backend() == "gpu" else policy.model_cfg.dtype
-        engine = Engine(policy.model_cfg, policy.params, eval_engine_config(cfg, policy.model_cfg, dtype),
+        engine = Engine(policy.model_cfg, policy.params, engine_config(cfg, dtype, evaluation=True,
+                                                                 model_cfg=policy.model_cfg),
                         tokenizer=policy.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
                         seed=cfg.train.seed)
         generator, tokenizer, source = engine, policy.tokenizer, policy.source
@@ -290,7 +261,8 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
             watch = RunWatch(engine if engine is not None else generator)
             with tracing(watch.trace):
                 outcomes, recs, trees = await evaluate_tasks(
-                    tasks, env, generator, tokenizer, eval_settings(cfg, r), retries=e.retries,
+                    tasks, env, generator, tokenizer, runtime_settings(cfg, evaluation=True, run_index=r),
+                    retries=e.retries,
                     concurrency=e.concurrency, selection=selection, pool=pool, run_index=r,
                     textworld_rules=cfg.env.rules, on_trees=lambda trees: write_jsonl(trees, trees_path),
                     progress=f"evaluation run {r + 1}/{runs}" if progress else None)
@@ -313,7 +285,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
             await pool.close()
         if engine is not None:
             engine.close()
-    settings = dataclasses.asdict(eval_settings(cfg, 0))
+    settings = dataclasses.asdict(runtime_settings(cfg, evaluation=True))
     rep = report(tables, env=env, task_set=e.task_set, num_tasks=all_tasks, source=source,
                  best_of_n=e.best_of_n, fork_budget=e.fork_budget, retries=e.retries, concurrency=e.concurrency,
                  settings={k: v for k, v in settings.items() if k != "cell_limits"}, run_seconds=times,

@@ -2,7 +2,7 @@
 
 ``export_checkpoint``: an orbax run checkpoint (its ``params`` item and the model config stored in its metadata)
 → ``config.json`` + safetensors (+ the run's tokenizer files), a directory transformers' ``Qwen3ForCausalLM``
-loads with the same logits. ``import_pretrained``: the reverse — a HF directory → a version-0 run checkpoint
+loads with the same logits. ``import_pretrained``: the reverse — a HF directory → a version-0 run directory
 (parameters in fp32 master precision, a fresh optimizer state) to start training from.
 """
 
@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sera_jax.assembly.tokenizer import hf_dir_tokenizer
 from sera_jax.model import load_pretrained, save_pretrained
 from sera_jax.rl.optim import OptimConfig, make_optimizer
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir, model_config_record, run_metadata
@@ -56,16 +57,22 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, *, version: int
     return {"version": version, "out_dir": str(out_dir), "files": [str(f) for f in files], "tokenizer_files": tok}
 
 
-def import_pretrained(hf_dir: str | Path, ckpt_dir: str | Path, *, optim: OptimConfig = OptimConfig(),
+def import_pretrained(hf_dir: str | Path, run_dir: str | Path, *, optim: OptimConfig = OptimConfig(),
                       **overrides: Any) -> Path:
-    """Writes a version-0 run checkpoint (fp32 params, fresh AdamW state) from a HF directory; returns its path."""
+    """Writes a version-0 run (fp32 params, fresh AdamW state) from a HF directory: its checkpoint under
+    ``run_dir/checkpoints``, the layout a training run writes, so ``model.init_from``, ``sera-eval --checkpoint``
+    and ``sera-serve`` take ``run_dir`` as it is (a ``run_dir`` named ``checkpoints`` is taken to be that folder of
+    a run, and written into). Returns the run directory."""
+    run_dir = Path(run_dir)
+    if run_dir.name == "checkpoints":
+        run_dir = run_dir.parent
     cfg, params = load_pretrained(hf_dir, **overrides)
     state = init_train_state(params, make_optimizer(optim))
-    ck = Checkpointer(ckpt_dir, every=1)
+    ck = Checkpointer(run_dir / "checkpoints", every=1)
     try:
-        meta = {"model_config": model_config_record(cfg), "tokenizer_path": str(Path(hf_dir).absolute()),
+        meta = {"model_config": model_config_record(cfg), "tokenizer_path": hf_dir_tokenizer(hf_dir),
                 "run": run_metadata({"imported_from": str(hf_dir)}), "stage_clock": 0}
         ck.save(0, state, meta, force=True)
     finally:
         ck.close()
-    return Path(ckpt_dir)
+    return run_dir

@@ -4,11 +4,10 @@ trained with, found without the user naming it."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
-from sera_jax.assembly.tokenizer import resolve_tokenizer
+from sera_jax.assembly.tokenizer import config_tokenizer, resolve_tokenizer, warmstart_tokenizer
 from sera_jax.model import load_pretrained
 from sera_jax.model.tokenizer import Tokenizer, load_tokenizer
 from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
@@ -26,25 +25,6 @@ class ServedPolicy:
     tokenizer_path: str
     name: str
     source: str
-
-
-def _config_tokenizer(config: Any) -> str | None:
-    """Returns ``model.tokenizer`` of a recorded run config (a dict), or None."""
-    model = config.get("model") if isinstance(config, dict) else None
-    spec = model.get("tokenizer") if isinstance(model, dict) else None
-    return spec if isinstance(spec, str) and spec else None
-
-
-def _warmstart_tokenizer(directory: Path) -> str | None:
-    """Returns the tokenizer a shipped warm start (``warmstart.json``) was trained with, or None."""
-    record = directory / "warmstart.json"
-    if not record.is_file():
-        return None
-    try:
-        data = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return None
-    return _config_tokenizer((data.get("provenance") or {}).get("config"))
 
 
 def find_tokenizer(candidates: list[tuple[str, str | None]]) -> tuple[Tokenizer, str]:
@@ -68,7 +48,7 @@ def find_tokenizer(candidates: list[tuple[str, str | None]]) -> tuple[Tokenizer,
 def _hf_candidates(hf_dir: Path) -> list[tuple[str, str | None]]:
     has_file = any((hf_dir / n).is_file() for n in TOKENIZER_FILES) or any(hf_dir.glob("*.model"))
     return [("the HF directory", str(hf_dir) if has_file else None),
-            ("the warm start record of", _warmstart_tokenizer(hf_dir))]
+            ("the warm start record of", warmstart_tokenizer(hf_dir))]
 
 
 def load_served_policy(run_dir: str | Path | None = None, *, hf_dir: str | Path | None = None,
@@ -96,7 +76,7 @@ def load_served_policy(run_dir: str | Path | None = None, *, hf_dir: str | Path 
         ck.close()
     recorded = meta.get("tokenizer_path")
     candidates = explicit + [("the checkpoint's tokenizer_path", recorded),
-                             ("the run config's model.tokenizer", _config_tokenizer((meta.get("run") or {}).get("config")))]
+                             ("the run config's model.tokenizer", config_tokenizer((meta.get("run") or {}).get("config")))]
     if recorded and Path(recorded).is_dir():  # imported with `sera-export --import` from a HF dir or a warm start
         candidates += _hf_candidates(Path(recorded))
     tok, tok_path = find_tokenizer(candidates)

@@ -18,13 +18,12 @@ import jax
 
 from sera_jax.agents.environments import environment
 from sera_jax.agents.judge import frozen_policy_engine, make_judge
-from sera_jax.agents.launchers.factory import make_launcher_factory, usable_trees
-from sera_jax.agents.runtime import run_trees, start_pool
-from sera_jax.agents.subagent_judge import DeferredJudge, SubagentJudge
+from sera_jax.agents.runtime import start_pool
+from sera_jax.agents.subagent_judge import SubagentJudge
 from sera_jax.assembly.concurrency import groups_in_flight, per_rank_concurrency
 from sera_jax.assembly.engines import JUDGE_KV_FRACTION, KV_FRACTION, engine_config, num_engines
 from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_judge
-from sera_jax.assembly.settings import runtime_settings, stage_settings
+from sera_jax.assembly.settings import runtime_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import MissingPath, RunConfig, UserError, check_mesh
@@ -34,6 +33,7 @@ from sera_jax.parallel.mesh import make_mesh
 from sera_jax.rl.optim import make_optimizer
 from sera_jax.sampling.replicas import EngineReplicas, local_copy
 from sera_jax.training.checkpoint import Checkpointer, make_meta, sha256_file
+from sera_jax.training.group_runner import GroupRunner
 from sera_jax.training.loop import Loop, NoTrainableData, StepOutcome, StopRequested
 from sera_jax.training.metrics import MetricsWriter
 from sera_jax.training.resume import cut_back, describe_start, finished, summary_line
@@ -157,27 +157,11 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
                         if tw_execution_judge else None)
     pool = await start_pool(cfg.env.num_workers) if environment(env).needs_pool else None
 
-    async def run_group(task, stage: str, version: int):
-        deferred = stage == "rubric_generation" and branch_labels is not None
-        factory = make_launcher_factory(stage, method, env, judge=DeferredJudge() if deferred else judge,
-                                        settings=settings)
-        with engine.pinned():  # the group's trees, forks and scoring calls share one engine's prefix cache
-            trees = await run_trees([task], env, engine, tokenizer,
-                                    stage_settings(settings, cfg, stage, version),
-                                    rollouts_per_task=cfg.rollout.trees_per_task, pool=pool,
-                                    max_concurrent=cfg.rollout.trees_per_task, launcher_factory=factory,
-                                    textworld_rules=cfg.env.rules)
-            trees = await factory.finalize(trees)
-        trees = usable_trees(trees)
-        if deferred:
-            await branch_labels.label_fork_groups(trees)
-        elif stage == "execution" and execution_labels is not None:
-            await execution_labels.label_subagents(trees)
-        return trees
-
     checkpointer = Checkpointer(out_dir / "checkpoints", every=cfg.train.checkpoint_every,
                                 keep=cfg.train.keep_checkpoints)
     data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
+    run_group = GroupRunner(cfg, method, engine, tokenizer, settings, judge=judge, branch_labels=branch_labels,
+                            execution_labels=execution_labels, pool=pool)
     loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
                 method=method, stream=task_stream(cfg, len(tasks)), env=env,
                 decode=tokenizer.decode, mesh=mesh, tasks_per_step=cfg.rollout.tasks_per_step,
@@ -192,13 +176,10 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
                 metrics=None, checkpoint_fallback=cfg.train.checkpoint_fallback,
                 meta=make_meta(cfg.to_dict(), model_cfg, tokenizer_path=tok_path, data_files=data_files),
                 trees_dir=out_dir / "trees",
-                engine_stats=engine.stats, engines=engine,
+                engine_stats=engine.stats, engine=engine, judge_engine=judge_engine, tokenizer=tokenizer,
                 warm_micro_batches=tuple(cfg.train.warmup_micro_batches), exchange=exchange,
                 trees_suffix=f".p{jax.process_index()}" if multi else "")
     del host_params
-    loop.tokenizer = tokenizer  # for callers that render trees or evaluate
-    loop.engine = engine  # EngineReplicas: the policy's sampling engines
-    loop.judge_engine = judge_engine  # the policy_frozen judge's engine, or None
     watch = PeerWatch(prog="sera-train").start() if multi else None
     stop_signals: list[int] = []
     agreed = True  # every process leaves together (not after this process's own error: its peers are elsewhere)

@@ -102,7 +102,7 @@ class Loop:
     state: TrainState
     step_fn: CompiledStep
     publish: Callable[[Any], int]                     # new params → sampler; returns the sampler's version
-    run_group: Callable[[Any, str, int], Any]         # async: one task group's trees
+    run_group: Callable[[Any, str, int], Any]         # async: one task group's trees (training/group_runner.py)
     tasks: Sequence[Any]
     method: MethodConfig
     stream: TaskStream
@@ -129,7 +129,10 @@ class Loop:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     trees_dir: str | Path | None = None               # every attempt's trees as JSONL (sera-view reads them)
     engine_stats: Callable[[], list[dict[str, int]]] | None = None  # the sampling engines' counters (rollout/*)
-    engines: Any = None                               # the sampling engines (warm-up; busy fraction)
+    engine: Any = None                                # the policy's sampling engines (EngineReplicas: warm-up, busy
+                                                      # fraction; callers evaluate on them)
+    judge_engine: Any = None                          # the policy_frozen judge's engine, or None
+    tokenizer: Any = None                             # for callers that render trees or evaluate
     warm_micro_batches: Sequence[int] = (1, 2, 3, 4)  # micro-batch counts the warm-up compiles the step for
     exchange: Any = None                              # parallel.hosts.Exchange of a multi-host job (None: one)
     trees_suffix: str = ""                            # tree files' name suffix (".p<i>" per process of a job)
@@ -179,7 +182,7 @@ class Loop:
         self._t_start = t0 = time.monotonic()
         self._compiles0 = compile_watch.snapshot()
         self._traced0 = compile_watch.traced_functions()
-        watch = RunWatch(self.engines)
+        watch = RunWatch(self.engine)
         trace = watch.trace
         engine_before = self.engine_stats() if self.engine_stats is not None else None
         with tracing(trace):  # tasks started inside (every group, tree, side call) record into this trace
@@ -334,8 +337,8 @@ class Loop:
         for it (``compile/warmup_wait_s``). Returns the counts and the seconds the foreground part took."""
         t0 = time.monotonic()
         out: dict[str, float] = {}
-        if self.engines is not None:
-            out["engine_executables"] = float(self.engines.warmup(self.state.params))
+        if self.engine is not None:
+            out["engine_executables"] = float(self.engine.warmup(self.state.params))
         warm_keys()
         warm_credit()
         shapes = step_shapes(self.token_budget, self.buckets, batch_axis_size(self.mesh) if self.mesh else 1,

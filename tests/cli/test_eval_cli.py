@@ -17,7 +17,8 @@ from sera_jax.agents.harness import CURRENT_TURN
 from sera_jax.agents.records import read_jsonl
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.config import load_config
-from sera_jax.evaluation.protocol import eval_settings, evaluate, load_eval_tasks
+from sera_jax.assembly.settings import runtime_settings
+from sera_jax.evaluation.protocol import evaluate, load_eval_tasks
 from sera_jax.model.tokenizer import load_tokenizer
 from tests.model.tokenizer_fixtures import build_qwen_like_tokenizer
 
@@ -246,11 +247,11 @@ def test_paper_configs_evaluate_every_difficulty_with_their_caps():
     assert tw.env.difficulties == ("medium", "hard", "extreme")  # the training filter does not apply to evaluation
     tasks = load_eval_tasks(tw, 8)
     assert [t.difficulty for t in tasks[:4]] == ["easy", "medium", "hard", "extreme"]
-    s = eval_settings(tw)
+    s = runtime_settings(tw, evaluation=True)
     assert (s.temperature, s.max_steps, s.max_depth, s.max_prompt_tokens, s.max_context, s.max_new_tokens) == (
         0.0, 20, 3, 10240, 13312, 3072)
     tc = load_config(ROOT / "configs" / "paper" / "textcraft_sera.yaml")
-    s = eval_settings(tc)
+    s = runtime_settings(tc, evaluation=True)
     assert (s.temperature, s.max_steps, s.max_depth, s.max_prompt_tokens, s.max_context, s.max_new_tokens) == (
         0.0, 20, 3, 9728, 10240, 512)
     assert len(load_eval_tasks(tc)) == 632

@@ -34,7 +34,7 @@ def test_export_then_transformers_logits(tmp_path):
 def test_import_pretrained_round_trip(tmp_path):
     make_hf_qwen3(tmp_path / "hf", tied=True)
     import_pretrained(tmp_path / "hf", tmp_path / "run")
-    ck = Checkpointer(tmp_path / "run")
+    ck = Checkpointer(tmp_path / "run" / "checkpoints")
     meta = ck.read_meta()
     cfg = Qwen3Config(**meta["model_config"])
     params, _ = ck.restore_params(abstract_params(cfg))

@@ -26,11 +26,10 @@ def test_cpu_shapes_cover_every_context_with_short_prefill_pieces(context):
 
 def test_the_tiny_default_engines_use_the_cpu_shapes():
     from sera_jax.assembly.engines import engine_config
-    from sera_jax.evaluation.protocol import eval_engine_config
 
     cfg = load_config(["configs/tiny_cpu.yaml"])
     train_ec = engine_config(cfg, "float32")
-    eval_ec = eval_engine_config(cfg, cfg.model_config(), "float32")
+    eval_ec = engine_config(cfg, "float32", evaluation=True)
     for ec, ctx in ((train_ec, cfg.rollout.context_tokens), (eval_ec, cfg.eval.context_tokens)):
         assert ec.prefill_len_buckets == (64, 128, 256, 512) and ec.max_prefill_len == 512
         full = -(-ctx // 16)

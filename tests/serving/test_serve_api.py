@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from sera_jax.config import load_config
-from sera_jax.evaluation.protocol import eval_engine_config, load_policy
+from sera_jax.assembly.engines import engine_config
+from sera_jax.evaluation.protocol import load_policy
 from sera_jax.sampling import Engine, SamplingParams
 from tests.serving.conftest import SERVE_FLAGS
 
@@ -59,8 +60,8 @@ def test_chat_stream_and_logprobs_match_the_eval_engine(server):
     policy = load_policy(cfg)
     prompt = policy.tokenizer.encode_chat(MESSAGES)
     assert r.usage.prompt_tokens == len(prompt)
-    engine = Engine(policy.model_cfg, policy.params, eval_engine_config(cfg, policy.model_cfg, "float32"),
-                    tokenizer=policy.tokenizer)
+    ecfg = engine_config(cfg, "float32", evaluation=True, model_cfg=policy.model_cfg)
+    engine = Engine(policy.model_cfg, policy.params, ecfg, tokenizer=policy.tokenizer)
     try:
         ref = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=48, temperature=0.0,
                                                                  stop_ids=tuple(policy.tokenizer.stop_ids))))

@@ -364,8 +364,8 @@ def test_the_default_runs_rl_under_a_tighter_step_limit_than_its_demos_and_keeps
 
 @pytest.mark.slow
 def test_the_shipped_scorer_and_judge_read_the_final_state_not_the_trajectory(cfg, tok, tasks, tmp_path):
-    """tools/probe_textworld_scorer.py on oracle trees (honest and sabotaged children), each child also copied with
-    its final dish line flipped: the shipped warm start's scorer and judge must follow the state. Before the
+    """tools/research/probe_textworld_scorer.py on oracle trees (honest and sabotaged children), each child also
+    copied with its final dish line flipped: the shipped warm start's scorer and judge must follow the state. Before the
     verdict-flip demos they scored every child a success whose replies looked like one (and, in training, every
     real failure)."""
     import importlib.util
@@ -373,7 +373,7 @@ def test_the_shipped_scorer_and_judge_read_the_final_state_not_the_trajectory(cf
 
     from sera_jax.agents.records import dumps_tree, loads_tree, write_jsonl
 
-    spec = importlib.util.spec_from_file_location("probe_tw", "tools/probe_textworld_scorer.py")
+    spec = importlib.util.spec_from_file_location("probe_tw", "tools/research/probe_textworld_scorer.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     _, _, trees = _play(cfg, tok, tasks, delegate_prob=1.0, fail_prob=0.5)

@@ -20,7 +20,7 @@ failure that recurs in every tree of a task carries no RL gradient (every tree o
 leave-one-out advantage is 0) unless sampling sometimes takes the other reply: these probabilities say whether it
 can. The committed outputs are in ``docs/results/textworld/failures/``.
 
-Usage: python tools/textworld_failures.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR | --no-model]
+Usage: python tools/research/textworld_failures.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR | --no-model]
        [--config configs/tiny_textworld.yaml] [--json OUT]
 """
 
@@ -33,8 +33,6 @@ import math
 import re
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sera_jax.agents.records import read_jsonl
 from sera_jax.rl.rewards import env_success

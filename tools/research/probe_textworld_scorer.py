@@ -13,7 +13,7 @@ The children measured in docs/results/textworld.md (their sampled tokens strippe
 (``tight_eval_children.jsonl.gz``, with ``--oracle-rubric``) and the shipped warm start's first training trees
 (``train_v0_children_v4.jsonl.gz``); the ``*.json`` beside them are this tool's outputs.
 
-Usage: python tools/probe_textworld_scorer.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR]
+Usage: python tools/research/probe_textworld_scorer.py TREES.jsonl[.gz] [...] [--checkpoint RUN_OR_DIR]
        [--config configs/tiny_textworld.yaml] [--limit N] [--json OUT] [--oracle-rubric]
 (without ``--checkpoint``: the config's starting policy, e.g. the shipped warm start)
 """
@@ -25,11 +25,8 @@ import asyncio
 import collections
 import json
 import re
-import sys
 from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 
@@ -40,7 +37,8 @@ from sera_jax.agents.rubric_calls import RubricConfig, run_limits, score_node
 from sera_jax.assembly.judge import judge_settings
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.config import load_config
-from sera_jax.evaluation.protocol import eval_engine_config, load_policy
+from sera_jax.assembly.engines import engine_config
+from sera_jax.evaluation.protocol import load_policy
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling import Engine
 from sera_jax.warmstart.textworld_oracle import eaten_dishes, rubric_text
@@ -97,7 +95,8 @@ async def probe(cfg, checkpoint: str | None, paths, limit: int | None = None, co
     whether the child's own dish is eaten (the truth), ``other`` whether another dish is (a scorer that reads "some
     meal eaten" is wrong exactly where the two differ)."""
     policy = load_policy(cfg, checkpoint=checkpoint)
-    engine = Engine(policy.model_cfg, policy.params, eval_engine_config(cfg, policy.model_cfg, policy.model_cfg.dtype),
+    engine = Engine(policy.model_cfg, policy.params, engine_config(cfg, policy.model_cfg.dtype, evaluation=True,
+                                                                        model_cfg=policy.model_cfg),
                     tokenizer=policy.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
                     seed=cfg.train.seed)
     settings = runtime_settings(cfg)
