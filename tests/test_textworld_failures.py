@@ -80,12 +80,12 @@ def test_a_root_refused_after_its_children_returned_is_stuck(delegating):
     root = tree.nodes[tree.root_id]
     start = tree.delegations[-1].fork_step + 1
     turns = root.turns[:start] + [dataclasses.replace(t, error="Action is not valid.") for t in root.turns[start:]]
-    stuck = dataclasses.replace(tree, nodes={**tree.nodes, root.id: dataclasses.replace(root, reward=0.0,
-                                                                                          turns=turns)})
+    failed = dataclasses.replace(root, reward=dataclasses.replace(root.reward, environment=0.0), turns=turns)
+    stuck = dataclasses.replace(tree, nodes={**tree.nodes, root.id: failed})
     view = tf.tree_view(stuck)
     assert view["mode"] == tf.MODES[1] and view["stuck_turn"] is turns[start]
     half = turns[:start] + turns[start:start + 1] + root.turns[start + 1:]  # one refused turn of several: other
-    other = dataclasses.replace(tree, nodes={**tree.nodes, root.id: dataclasses.replace(root, reward=0.0,
+    other = dataclasses.replace(tree, nodes={**tree.nodes, root.id: dataclasses.replace(root, reward=dataclasses.replace(root.reward, environment=0.0),
                                                                                          turns=half)})
     assert tf.tree_view(other)["mode"] == tf.MODES[2]
 
