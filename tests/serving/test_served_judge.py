@@ -1,6 +1,7 @@
 """The judge path end to end against a ``sera-serve`` process serving the frozen TextWorld warm start: the RAO
-family's sub-agent labels (``SubagentJudge.label_subagents``) and the RT judge's retries through the httpx
-``ChatJudge``; at temperature 0 its labels equal the in-process ``policy_frozen`` judge's on the same requests, with
+family's sub-agent labels (``SubagentJudge.label_subagents``) and the RT stage's deferred branch labels
+(``SubagentJudge.label_fork_groups``, with the judge's retries) through the httpx ``ChatJudge``; at temperature 0
+its labels equal the in-process ``policy_frozen`` judge's on the same requests, with
 the same token counts; the server killed mid-run leaves the affected sub-agents untrainable and counted, the trees
 whole, and labels resume once it is back; a hanging judge is bounded by its timeout."""
 
@@ -22,11 +23,12 @@ from sera_jax.serving.process import serve_process
 from sera_jax.serving.server import ServeOptions, engine_config
 from sera_jax.training.stats import tree_metrics
 from sera_jax.warmstart.sft import SHIPPED_DIRS
-from tests.serving.judge_trees import judge_trees
+from tests.serving.judge_trees import fork_group_trees, judge_trees
 
 pytestmark = pytest.mark.slow
 FLAGS = ("--max-batch", "16", "--max-context", "2048")
 JUDGE = dict(temperature=0.0, max_attempts=1, style="compact")   # the tiny TextWorld config's execution judge
+RT_JUDGE = dict(temperature=0.0, max_attempts=3, style="compact")  # the RT stage's branch labels: with retries
 MAX_TOKENS = 48
 
 
@@ -41,12 +43,16 @@ def records(trees):
 
 def test_served_labels_equal_the_policy_frozen_judge(tw_run, capsys):
     trees_http, trees_local = judge_trees(8), judge_trees(8)
+    forks_http, forks_local = fork_group_trees(4), fork_group_trees(4)
     proc = serve_process([str(tw_run)], *FLAGS)
     try:
         model = httpx.get(proc.url + "/v1/models").json()["data"][0]["id"]
         chat = ChatJudge(proc.url + "/v1", model, max_tokens=MAX_TOKENS, timeout_s=60, backoff_s=0.05, **JUDGE)
         asyncio.run(chat.ensure_reachable())
         http_totals = asyncio.run(SubagentJudge(chat).label_subagents(trees_http))
+        rt_chat = ChatJudge(proc.url + "/v1", model, max_tokens=MAX_TOKENS, timeout_s=60, backoff_s=0.05,
+                            **RT_JUDGE)
+        http_rt = asyncio.run(SubagentJudge(rt_chat).label_fork_groups(forks_http))
     finally:
         proc.stop()
     policy = load_served_policy(tw_run)
@@ -57,6 +63,9 @@ def test_served_labels_equal_the_policy_frozen_judge(tw_run, capsys):
         local = PolicyJudge(engine, policy.tokenizer, max_new_tokens=MAX_TOKENS, max_prompt_tokens=2048 - MAX_TOKENS,
                             **JUDGE)
         local_totals = asyncio.run(SubagentJudge(local).label_subagents(trees_local))
+        rt_local = PolicyJudge(engine, policy.tokenizer, max_new_tokens=MAX_TOKENS,
+                               max_prompt_tokens=2048 - MAX_TOKENS, **RT_JUDGE)
+        local_rt = asyncio.run(SubagentJudge(rt_local).label_fork_groups(forks_local))
     finally:
         engine.close()
     got, want = records(trees_http), records(trees_local)
@@ -72,6 +81,18 @@ def test_served_labels_equal_the_policy_frozen_judge(tw_run, capsys):
         [(r["prompt_tokens"], r["completion_tokens"]) for r in want.values()]
     assert http_totals == local_totals and http_totals["labelled"] > 0
     assert m["supervision/execution_judge_calls"] == n and m["supervision/execution_judge_unmetered_calls"] == 0
+    # The RT stage: every branch of every complete fork group gets the label the in-process judge gives it.
+    got_b = [(b.trajectory_id, b.success) for t in forks_http for g in t.fork_groups for b in g.branches]
+    want_b = [(b.trajectory_id, b.success) for t in forks_local for g in t.fork_groups for b in g.branches]
+    m_rt = tree_metrics(forks_http, env="textworld_sync")
+    with capsys.disabled():
+        print(f"RT branch labels: {sum(a == b for a, b in zip(got_b, want_b))}/{len(got_b)} equal "
+              f"(true {sum(s is True for _, s in got_b)}, unlabelled {sum(s is None for _, s in got_b)}); "
+              f"groups {http_rt['groups']}, run metrics: "
+              + ", ".join(f"{k}={v:g}" for k, v in sorted(m_rt.items()) if k.startswith("supervision/judge")))
+    assert len(got_b) == 16 and got_b == want_b and all(s is not None for _, s in got_b)
+    assert http_rt == local_rt and http_rt["groups"] == 4 and http_rt["labelled"] == 16
+    assert m_rt["supervision/judge_labels"] == 16 and m_rt["supervision/judge_calls"] == http_rt["calls"]
 
 
 def test_judge_killed_mid_run_then_restarted(tw_run, capsys):
