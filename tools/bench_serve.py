@@ -158,6 +158,8 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=None, help="concurrent users (default 64, quick 4)")
     ap.add_argument("--requests", type=int, default=None, help="requests per user (default 4, quick 2)")
     ap.add_argument("--new-tokens", type=int, default=None, help="completion tokens (default 64, quick 16)")
+    ap.add_argument("--max-top-logprobs", type=int, default=ServeOptions.max_top_logprobs,
+                    help="alternatives both engines compute beside each token (default: the server's)")
     args = ap.parse_args()
     users = args.users or (4 if args.quick else 64)
     requests = args.requests or (2 if args.quick else 4)
@@ -167,7 +169,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = import_pretrained(SHIPPED_DIRS["textcraft"], os.path.join(tmp, "tiny_run"))
         policy = load_served_policy(run)
-        opts = ServeOptions(max_batch=users, max_context=context)
+        opts = ServeOptions(max_batch=users, max_context=context, max_top_logprobs=args.max_top_logprobs)
         rate = matmul_rate(policy.model_cfg)
 
         engine = Engine(policy.model_cfg, policy.params, engine_config(policy.model_cfg, opts),
@@ -180,7 +182,8 @@ def main() -> None:
         finally:
             engine.close()
 
-        proc = serve_process([str(run)], "--max-batch", str(users), "--max-context", str(context))
+        proc = serve_process([str(run)], "--max-batch", str(users), "--max-context", str(context),
+                             "--max-top-logprobs", str(args.max_top_logprobs))
         try:
             model = policy.name
             compiles0 = httpx.get(proc.url + "/metrics").json()["engine"]["compiles"]
@@ -192,7 +195,8 @@ def main() -> None:
 
     ratio = served["tps"] / alone["tps"] if alone["tps"] else 0.0
     print(f"sera-serve vs the engine alone: {users} concurrent users x {requests} streamed chat requests, "
-          f"{new_tokens} tokens each (greedy, ignore_eos), the shipped tiny warm start, engine rows {users}; "
+          f"{new_tokens} tokens each (greedy, ignore_eos), the shipped tiny warm start, engine rows {users}, "
+          f"top logprobs computed {args.max_top_logprobs}; "
           f"machine fp32 matmul rate {rate / 1e9:.0f} GFLOP/s")
     print("| | tokens/s | TTFT p50 ms | TTFT p99 ms | per-token p50 ms | per-token p99 ms | errors | wall s | "
           "engine/server CPU s | client CPU s | compiles (both passes) |")

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="sampler dtype (default: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for")
     p.add_argument("--max-n", type=int, default=8, help="largest n (choices per prompt)")
+    p.add_argument("--max-top-logprobs", type=int, default=5,
+                   help="largest top_logprobs a request may ask for; the engine computes that many most likely "
+                        "tokens beside each generated one (0: none; OpenAI allows 20)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is cancelled")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     opts = ServeOptions(max_batch=args.max_batch, max_context=args.max_context, num_blocks=args.num_blocks,
                         dtype=args.dtype, max_tokens=args.max_tokens, max_n=args.max_n,
-                        max_body_bytes=args.max_body_bytes, deadline_s=args.request_timeout, warmup=args.warmup)
+                        max_body_bytes=args.max_body_bytes, deadline_s=args.request_timeout, warmup=args.warmup,
+                        max_top_logprobs=args.max_top_logprobs)
     print(f"sera-serve: {policy.name} from {policy.source}, tokenizer {policy.tokenizer_path}", flush=True)
     serve(policy, opts, args.host, args.port, log_level=args.log_level, graceful_s=args.graceful_timeout,
           on_listen=lambda url: print(f"sera-serve: listening on {url}", flush=True))

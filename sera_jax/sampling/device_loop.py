@@ -29,7 +29,7 @@ from sera_jax.sampling.attention import (
     window_decode_attention,
 )
 from sera_jax.sampling.paged_cache import Pool, write_kv, write_slots
-from sera_jax.sampling.sample import sample_tokens
+from sera_jax.sampling.sample import sample_tokens, top_logprobs
 
 
 @flax.struct.dataclass
@@ -167,20 +167,22 @@ def prefill(params, pool: Pool, tokens_BT: Int[Array, "B T"], ctx_len_B: Int[Arr
 
 
 def start_rows(state: RowState, logits_BV: Float[Array, "B V"], ctx_len_B: Int[Array, "B"], new_len_B: Int[Array, "B"],
-               slot_B: Int[Array, "B"], rows: RowConfig):
+               slot_B: Int[Array, "B"], rows: RowConfig, *, top_k: int = 0):
     """Samples each prefilled row's first token from ``prefill``'s logits and resets the state rows ``slot`` to the
     new requests (padding rows and pieces that are not a prompt's last have ``slot`` out of range: dropped).
-    Returns (state, first_token [B], first_logprob [B], done [B])."""
+    Returns (state, first_token [B], first_logprob [B], done [B], top_ids [B, top_k], top_logprobs [B, top_k])."""
     b = logits_BV.shape[0]
     tok, lp = sample_tokens(logits_BV, rows["temperature"], rows["top_p"], rows["key"], jnp.zeros((b,), jnp.int32))
+    top_ids, top_lp = top_logprobs(logits_BV, top_k)
     recent = _push(jnp.full((b, state.recent.shape[1]), -1, jnp.int32), tok)
     done = _hits_stop(tok, rows["stop_ids"]) | (rows["max_new"] <= 1) | _hits_stop_seq(recent, rows["stop_seqs"])
     new = RowState(token=tok, len=ctx_len_B + new_len_B, n_gen=jnp.ones((b,), jnp.int32), done=done, recent=recent)
-    return state.set_rows(slot_B, new, mode="drop"), tok, lp, done
+    return state.set_rows(slot_B, new, mode="drop"), tok, lp, done, top_ids, top_lp
 
 
 def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], table_BW: Int[Array, "B W"],
-                 alive_B: Bool[Array, "B"], rows: RowConfig, *, cfg: Qwen3Config, block_size: int, steps: int):
+                 alive_B: Bool[Array, "B"], rows: RowConfig, *, cfg: Qwen3Config, block_size: int, steps: int,
+                 top_k: int = 0):
     """Decodes up to ``steps`` tokens for the engine rows ``index`` (padding: out of range, not alive) in one
     ``lax.while_loop``. The engine may run several chunks a round, each over the rows of one context-length class
     with a table (and so a window) only as wide as that class needs.
@@ -188,7 +190,9 @@ def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], 
     Rows not ``alive`` (retired or cancelled on the host) are finished before the first step. The loop stops early
     once every row is done. On the reference backend the rows' context is gathered once per chunk into a dense
     window that each step appends to (``uses_window``); with the Pallas kernel each step reads the pool. Returns
-    (pool, state, tokens [B, steps] (-1 where the row produced nothing), logprobs [B, steps] fp32 at temperature 1).
+    (pool, state, tokens [B, steps] (-1 where the row produced nothing), logprobs [B, steps] fp32 at temperature 1,
+    top_ids [B, steps, top_k], top_logprobs [B, steps, top_k]: each step's ``top_k`` most likely tokens, for a
+    server's ``top_logprobs``; ``top_k`` = 0, the default, computes none).
     """
     b, w = table_BW.shape
     window = uses_window(pool, b, w)
@@ -196,12 +200,14 @@ def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], 
     done0 = st.done | ~alive_B
     out_tok = jnp.full((b, steps), -1, jnp.int32)
     out_lp = jnp.zeros((b, steps), jnp.float32)
+    out_ti = jnp.zeros((b, steps, top_k), jnp.int32)
+    out_tl = jnp.zeros((b, steps, top_k), jnp.float32)
 
     def cond(c):
         return (c[0] < steps) & jnp.any(~c[6])
 
     def body(c):
-        i, pool, win, tok, ln, ng, done, out_tok, out_lp, recent = c
+        i, pool, win, tok, ln, ng, done, out_tok, out_lp, recent, out_ti, out_tl = c
         active = ~done
         pos = ln[:, None]
         if window:
@@ -216,20 +222,23 @@ def decode_chunk(params, pool: Pool, state: RowState, index_B: Int[Array, "B"], 
         new, lp = sample_tokens(logits, rows["temperature"], rows["top_p"], rows["key"], ng)
         out_tok = out_tok.at[:, i].set(jnp.where(active, new, -1))
         out_lp = out_lp.at[:, i].set(jnp.where(active, lp, 0.0))
+        if top_k:
+            ti, tl = top_logprobs(logits, top_k)
+            out_ti, out_tl = out_ti.at[:, i].set(ti), out_tl.at[:, i].set(tl)
         step = active.astype(jnp.int32)
         ln, ng = ln + step, ng + step
         recent = jnp.where(active[:, None], _push(recent, new), recent)
         hit = _hits_stop(new, rows["stop_ids"]) | (ng >= rows["max_new"]) | _hits_stop_seq(recent, rows["stop_seqs"])
         done = done | (active & hit)
-        return i + 1, pool, win, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp, recent
+        return i + 1, pool, win, jnp.where(active, new, tok), ln, ng, done, out_tok, out_lp, recent, out_ti, out_tl
 
     layers = split_layers(params, cfg.num_layers) if window else []
     win = [dict(zip(("k", "v"), gather_window(pool["k"], pool["v"], i, table_BW))) for i in range(cfg.num_layers)
            ] if window else []
-    carry = (jnp.int32(0), pool, win, st.token, st.len, st.n_gen, done0, out_tok, out_lp, st.recent)
-    _, pool, _, tok, ln, ng, done, out_tok, out_lp, recent = jax.lax.while_loop(cond, body, carry)
+    carry = (jnp.int32(0), pool, win, st.token, st.len, st.n_gen, done0, out_tok, out_lp, st.recent, out_ti, out_tl)
+    _, pool, _, tok, ln, ng, done, out_tok, out_lp, recent, out_ti, out_tl = jax.lax.while_loop(cond, body, carry)
     state = state.set_rows(index_B, RowState(token=tok, len=ln, n_gen=ng, done=done, recent=recent), mode="drop")
-    return pool, state, out_tok, out_lp
+    return pool, state, out_tok, out_lp, out_ti, out_tl
 
 
 def row_config_spec(b: int, max_stop_ids: int, max_stop_seqs: int = 2, stop_seq_len: int = 8) -> dict[str, Any]:

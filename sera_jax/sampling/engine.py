@@ -58,8 +58,9 @@ class DeviceFunctions:
     """The engine's jitted device functions (see ``device_loop``) and the layouts they keep."""
 
     prefill: Any        # (params, pool, tokens, ctx_len, new_len, table, ctx_table) -> (pool, logits)
-    start: Any          # (state, logits, ctx_len, new_len, slot, rows) -> (state, token, logprob, done)
-    decode: Any         # (params, pool, state, index, table, alive, rows) -> (pool, state, tokens, logprobs)
+    start: Any          # (state, logits, ctx_len, new_len, slot, rows) -> (state, token, logprob, done, top ids, top lps)
+    decode: Any         # (params, pool, state, index, table, alive, rows) -> (pool, state, tokens, logprobs, top ids,
+    #                     top lps)
     pool_sharding: NamedSharding
     replicated: NamedSharding
 
@@ -74,21 +75,24 @@ def device_functions(cfg: Qwen3Config, config: EngineConfig, mesh: Mesh, rules: 
     and compiler options (the tiny default's evaluations before and after training, engines differing only in
     their host-side scheduling) share one set of jitted functions, so a shape traced for one is never traced again
     for the next."""
-    return _device_functions(cfg, config.block_size, config.chunk_steps, config.compiler_options, mesh, rules)
+    return _device_functions(cfg, config.block_size, config.chunk_steps, config.top_logprobs, config.compiler_options,
+                             mesh, rules)
 
 
 @functools.lru_cache(maxsize=16)
-def _device_functions(cfg: Qwen3Config, block_size: int, chunk_steps: int, compiler_options: tuple, mesh: Mesh,
-                      rules: Rules) -> DeviceFunctions:
+def _device_functions(cfg: Qwen3Config, block_size: int, chunk_steps: int, top_k: int, compiler_options: tuple,
+                      mesh: Mesh, rules: Rules) -> DeviceFunctions:
     pool_sh = pool_sharding(mesh, rules)
     pool_shs = {"k": pool_sh, "v": pool_sh}
     opts = dict(compiler_options) or None
     rep = NamedSharding(mesh, PartitionSpec())
     prefill_fn = jax.jit(functools.partial(prefill, cfg=cfg, block_size=block_size), donate_argnums=(1,),
                          out_shardings=(pool_shs, rep), compiler_options=opts)
-    start_fn = jax.jit(start_rows, donate_argnums=(0,), out_shardings=(rep, rep, rep, rep), compiler_options=opts)
-    decode_fn = jax.jit(functools.partial(decode_chunk, cfg=cfg, block_size=block_size, steps=chunk_steps),
-                        donate_argnums=(1, 2), out_shardings=(pool_shs, rep, rep, rep), compiler_options=opts)
+    start_fn = jax.jit(functools.partial(start_rows, top_k=top_k), donate_argnums=(0,), out_shardings=(rep,) * 6,
+                       compiler_options=opts)
+    decode_fn = jax.jit(functools.partial(decode_chunk, cfg=cfg, block_size=block_size, steps=chunk_steps,
+                                          top_k=top_k),
+                        donate_argnums=(1, 2), out_shardings=(pool_shs,) + (rep,) * 5, compiler_options=opts)
     return DeviceFunctions(prefill_fn, start_fn, decode_fn, pool_sh, rep)
 
 
@@ -181,7 +185,7 @@ class Engine:
         whatever else shares the batch. Without one, the engine derives (seed, request counter).
         ``on_progress(token_ids, logprobs)`` (optional) is called on the caller's event loop after each device round
         that added tokens to the still-running turn (for streaming): those tokens are final, a stop string never cuts
-        them.
+        them. A turn whose params ask for ``top_logprobs`` gets them as a third argument.
         """
         if self._error is not None:
             raise EngineError("the engine's driver failed") from self._error
@@ -193,7 +197,7 @@ class Engine:
         req = make_request(rid, prompt_ids, params, key, vocab_size=self.cfg.vocab_size, max_context=c.max_context,
                            max_stop_ids=c.max_stop_ids, block_size=c.block_size,
                            capacity_blocks=self.sched.blocks.capacity, has_tokenizer=self.tokenizer is not None,
-                           fallback_key=(self.seed, rid & 0xFFFFFFFF))
+                           fallback_key=(self.seed, rid & 0xFFFFFFFF), max_top_logprobs=c.top_logprobs)
         loop = asyncio.get_running_loop()
         req.future, req.loop, req.on_progress = loop.create_future(), loop, on_progress
         self._submit(("add", req))
@@ -243,8 +247,8 @@ class Engine:
                         progress = self._progress()
                     for req, result in finished:
                         _resolve(req, result)
-                    for req, toks, lps in progress:
-                        _notify(req, toks, lps)
+                    for req, *told in progress:
+                        _notify(req, *told)
                     if not dispatched and not pending and not self._inbox.qsize():
                         self._wake.wait(timeout=1.0)
                         self._wake.clear()
@@ -277,32 +281,36 @@ class Engine:
                 break
             self.pool, logits = self._prefill(self.params, self.pool, pb.tokens, pb.ctx_len, pb.new_len, pb.table,
                                               pb.ctx_table)
-            self.state, tok, lp, ended = self._start(self.state, logits, pb.ctx_len, pb.new_len, pb.slot, pb.rows)
+            self.state, tok, lp, ended, ti, tl = self._start(self.state, logits, pb.ctx_len, pb.new_len, pb.slot,
+                                                             pb.rows)
             self.sched.prefill_dispatched(pb)
-            out.append(("prefill", pb, tok, lp, ended))
+            out.append(("prefill", pb, tok, lp, ti, tl, ended))
         for db in self.sched.plan_decode():
-            self.pool, self.state, ot, ol = self._decode(self.params, self.pool, self.state, db.index, db.table,
-                                                         db.alive, db.rows)
-            out.append(("decode", db, ot, ol))
+            self.pool, self.state, ot, ol, ti, tl = self._decode(self.params, self.pool, self.state, db.index,
+                                                                 db.table, db.alive, db.rows)
+            out.append(("decode", db, ot, ol, ti, tl))
         if out:
             self.clock.dispatched(t0, [x for rec in out for x in rec[2:]],
                                   compile_s=compile_watch.thread_seconds() - compiling0)
         return out
 
     def _parse(self, rec) -> list:
-        kind, batch, a, b, *rest = rec
+        kind, batch, a, b, ti, tl, *rest = rec
         a, b = np.asarray(a), np.asarray(b)
+        top = (np.asarray(ti), np.asarray(tl)) if self.config.top_logprobs else None
         if kind == "prefill":
-            return self.sched.on_prefill_output(batch, a, b, np.asarray(rest[0]))
-        return self.sched.on_decode_output(batch, a, b)
+            return self.sched.on_prefill_output(batch, a, b, np.asarray(rest[0]), top=top)
+        return self.sched.on_decode_output(batch, a, b, top=top)
 
     def _progress(self) -> list[tuple]:
-        """Returns (request, tokens, logprobs) of the live streamed turns that grew since they were last told."""
+        """Returns (request, tokens, logprobs[, top logprobs]) of the live streamed turns that grew since they were
+        last told (the top logprobs for turns that asked for them)."""
         out = []
         for req in self.sched.live():
             if req.on_progress is not None and not req.finished and len(req.tokens) > req.reported:
                 req.reported = len(req.tokens)
-                out.append((req, tuple(req.tokens), tuple(req.logprobs)))
+                told = (req, tuple(req.tokens), tuple(req.logprobs))
+                out.append(told + (tuple(req.top_logprobs),) if req.params.top_logprobs else told)
         return out
 
     def _track(self) -> None:
@@ -372,10 +380,11 @@ class Engine:
         return s
 
 
-def _notify(req: Request, toks: tuple, lps: tuple) -> None:
-    """Hands a live turn's tokens so far to its ``on_progress`` on the request's event loop, from the driver."""
+def _notify(req: Request, *told: tuple) -> None:
+    """Hands a live turn's tokens so far (with their logprobs, and top logprobs when asked for) to its
+    ``on_progress`` on the request's event loop, from the driver."""
     try:
-        req.loop.call_soon_threadsafe(req.on_progress, toks, lps)
+        req.loop.call_soon_threadsafe(req.on_progress, *told)
     except RuntimeError:  # the caller's loop is closed: nobody is listening any more
         pass
 

@@ -105,6 +105,9 @@ class EngineConfig:
     # the whole table only (the Pallas kernel reads just the live blocks anyway); the CPU reference sets a few.
     prefill_ctx_buckets: tuple[int, ...] = ()
     compiler_options: tuple[tuple[str, object], ...] = ()
+    # The most likely tokens computed beside each generated one, for requests that ask for ``top_logprobs`` (a
+    # server's; OpenAI allows up to 20). 0, the default for training and evaluation: the programs compute none.
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         errors = []
@@ -113,6 +116,8 @@ class EngineConfig:
                      "max_prefill_batch", "max_prefill_tokens", "min_prefill_len"):
             if getattr(self, name) <= 0:
                 errors.append(f"{name} must be positive, got {getattr(self, name)}")
+        if self.top_logprobs < 0:
+            errors.append(f"top_logprobs must be ≥ 0, got {self.top_logprobs}")
         if self.max_stop_ids < 0 or self.max_stop_seqs < 0:
             errors.append("max_stop_ids and max_stop_seqs must be ≥ 0")
         if self.stop_seq_len < 1:

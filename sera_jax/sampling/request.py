@@ -28,7 +28,7 @@ class Request:
     stop_ids: np.ndarray  # int32[max_stop_ids], -1 padded
     future: asyncio.Future | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    # Called on the request's loop with (token ids, logprobs) so far whenever a round adds tokens to a live turn (a
+    # Called on the request's loop with (token ids, logprobs[, top logprobs]) so far whenever a round adds tokens to a live turn (a
     # server's stream); the finished turn still comes back through ``future``.
     on_progress: Any = None
     reported: int = 0  # tokens already handed to ``on_progress``
@@ -42,6 +42,7 @@ class Request:
     ub_len: int = 0  # upper bound of the row's K/V length after everything dispatched
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_logprobs: list[tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=list)  # when asked for
     text_checked: int = 0  # generated tokens already searched for stop strings
     version: int = 0
     finished: bool = False
@@ -51,7 +52,7 @@ class Request:
         """Returns the turn's ``GenerationResult`` with ``finish_reason = reason``."""
         return GenerationResult(token_ids=tuple(self.tokens), logprobs=tuple(self.logprobs),
                                 policy_version=self.version, finish_reason=reason, prompt_len=len(self.prompt),
-                                cached_prompt_tokens=self.cached_tokens)
+                                cached_prompt_tokens=self.cached_tokens, top_logprobs=tuple(self.top_logprobs))
 
 
 def key_data_of(key: Any, fallback: tuple[int, int]) -> np.ndarray:
@@ -71,7 +72,7 @@ def key_data_of(key: Any, fallback: tuple[int, int]) -> np.ndarray:
 
 def make_request(rid: int, prompt_ids: Sequence[int], params: SamplingParams, key: Any, *, vocab_size: int,
                  max_context: int, max_stop_ids: int, block_size: int, capacity_blocks: int,
-                 has_tokenizer: bool, fallback_key: tuple[int, int]) -> Request:
+                 has_tokenizer: bool, fallback_key: tuple[int, int], max_top_logprobs: int = 0) -> Request:
     """Returns a validated ``Request``; raises ValueError/TypeError saying what is wrong with the request."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -90,6 +91,9 @@ def make_request(rid: int, prompt_ids: Sequence[int], params: SamplingParams, ke
                          "tokens (truncate the prompt, docs/design/algorithm.md §1.3)")
     if not (math.isfinite(params.temperature) and math.isfinite(params.top_p)):
         raise ValueError(f"temperature and top_p must be finite, got {params.temperature}, {params.top_p}")
+    if params.top_logprobs > max_top_logprobs:
+        raise ValueError(f"top_logprobs={params.top_logprobs} exceeds the {max_top_logprobs} this engine computes "
+                         "(EngineConfig.top_logprobs)")
     if len(params.stop_ids) > max_stop_ids:
         raise ValueError(f"at most {max_stop_ids} stop ids per request (EngineConfig.max_stop_ids), got "
                          f"{len(params.stop_ids)}")

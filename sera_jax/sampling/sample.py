@@ -65,3 +65,16 @@ def sample_tokens(logits_BV: Float[Array, "B V"], temperature_B: Float[Array, "B
     lse = m + jnp.log(jnp.sum(jnp.exp(logits - m[:, None]), axis=-1))
     logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
     return tokens, logprobs
+
+
+def top_logprobs(logits_BV: Float[Array, "B V"], k: int) -> tuple[Int[Array, "B k"], Float[Array, "B k"]]:
+    """Returns (ids [B, k] int32, logprobs [B, k] fp32) of each row's ``k`` most likely tokens under the policy at
+    temperature 1, most likely first (OpenAI's ``top_logprobs``); ``k`` = 0 gives empty arrays and computes nothing."""
+    b = logits_BV.shape[0]
+    if k == 0:
+        return jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0), jnp.float32)
+    logits = logits_BV.astype(jnp.float32)
+    values, ids = jax.lax.top_k(logits, k)
+    m = jnp.max(logits, axis=-1)
+    lse = m + jnp.log(jnp.sum(jnp.exp(logits - m[:, None]), axis=-1))
+    return ids.astype(jnp.int32), values - lse[:, None]

@@ -284,17 +284,21 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------------------------
     def on_prefill_output(self, batch: PrefillBatch, tok: np.ndarray, lp: np.ndarray,
-                          ended: np.ndarray | None = None):
-        """Parses a prefill call's first tokens (``ended``: the device finished the row); returns the (request,
-        result) pairs that finished."""
+                          ended: np.ndarray | None = None, top: tuple[np.ndarray, np.ndarray] | None = None):
+        """Parses a prefill call's first tokens (``ended``: the device finished the row; ``top``: the top ids and
+        logprobs [B, k], when the engine computes them); returns the (request, result) pairs that finished."""
         done = []
         for i, (req, last) in enumerate(batch.members):
             if last and not req.finished:
-                self._append(req, [int(tok[i])], [float(lp[i])], done, ended=ended is not None and bool(ended[i]))
+                tops = _tops(top[0][i:i + 1], top[1][i:i + 1], req) if top is not None else None
+                self._append(req, [int(tok[i])], [float(lp[i])], done, ended=ended is not None and bool(ended[i]),
+                             tops=tops)
         return done
 
-    def on_decode_output(self, batch: DecodeBatch, out_tok: np.ndarray, out_lp: np.ndarray):
-        """Parses a decode chunk; returns the (request, result) pairs that finished."""
+    def on_decode_output(self, batch: DecodeBatch, out_tok: np.ndarray, out_lp: np.ndarray,
+                         top: tuple[np.ndarray, np.ndarray] | None = None):
+        """Parses a decode chunk (``top``: the top ids and logprobs [B, steps, k], when the engine computes them);
+        returns the (request, result) pairs that finished."""
         done = []
         for i, req in enumerate(batch.snapshot):
             if req is None or req.finished or not batch.alive[i]:
@@ -303,7 +307,8 @@ class Scheduler:
             n = int(np.argmin(valid)) if not valid.all() else len(valid)
             # Fewer tokens than the chunk's steps (none included: the row ended on the last step of an earlier
             # chunk): the device finished the row, and the row must retire here or it would wait forever.
-            self._append(req, out_tok[i, :n].tolist(), out_lp[i, :n].tolist(), done, ended=n < len(valid))
+            tops = _tops(top[0][i, :n], top[1][i, :n], req) if top is not None else None
+            self._append(req, out_tok[i, :n].tolist(), out_lp[i, :n].tolist(), done, ended=n < len(valid), tops=tops)
         return done
 
     def _learn_stop(self, req: Request, n: int) -> None:
@@ -320,12 +325,15 @@ class Scheduler:
                         known.append(seq)
                     break
 
-    def _append(self, req: Request, toks: list[int], lps: list[float], done: list, ended: bool = False) -> None:
+    def _append(self, req: Request, toks: list[int], lps: list[float], done: list, ended: bool = False,
+                tops: list | None = None) -> None:
         stops = set(int(s) for s in req.stop_ids if s >= 0)
         reason = None
-        for t, l in zip(toks, lps):
+        for j, (t, l) in enumerate(zip(toks, lps)):
             req.tokens.append(t)
             req.logprobs.append(l)
+            if tops is not None:
+                req.top_logprobs.append(tops[j])
             if t in stops:
                 reason = "stop_id"
                 break
@@ -336,7 +344,7 @@ class Scheduler:
             n = find_stop_string(self.decode, req.tokens, req.params.stop_strings, req.text_checked)
             if n is not None:
                 self._learn_stop(req, n)
-                del req.tokens[n:], req.logprobs[n:]
+                del req.tokens[n:], req.logprobs[n:], req.top_logprobs[n:]
                 reason = "stop_string"
             req.text_checked = len(req.tokens)
         if reason is None and ended:
@@ -371,3 +379,12 @@ class Scheduler:
         """New policy weights: every cached prefix is stale, so the prefix index is emptied; the version bumps."""
         self.blocks.clear_index()
         self.version += 1
+
+
+def _tops(ids_SK: np.ndarray, lps_SK: np.ndarray, req: Request) -> list | None:
+    """Returns the request's top logprobs per position, ((id, logprob), ...) of its asked-for k, or None when it
+    asked for none."""
+    k = req.params.top_logprobs
+    if not k:
+        return None
+    return [tuple(zip(ids[:k].tolist(), lps[:k].tolist())) for ids, lps in zip(ids_SK, lps_SK)]

@@ -14,6 +14,8 @@ class SamplingParams:
 
     ``stop_ids`` end the turn when generated (included in the output); ``stop_strings`` end it once the decoded
     completion contains one (output cut right after the token that completes it, which is included).
+    ``top_logprobs`` > 0 asks for that many most likely tokens at each position (at most the engine's
+    ``EngineConfig.top_logprobs``).
     """
 
     max_new_tokens: int = 512
@@ -21,6 +23,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
@@ -29,6 +32,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be ≥ 0, got {self.top_logprobs}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +41,9 @@ class GenerationResult:
     """One finished turn.
 
     ``logprobs[i]`` is log p(token_ids[i]) under the policy at temperature 1 (CISPO's behaviour logprob), whatever
-    temperature sampled it. ``finish_reason`` is ``stop_id`` | ``stop_string`` | ``length`` | ``cancelled``.
+    temperature sampled it. ``top_logprobs[i]`` (when the params asked for k > 0) holds the k most likely
+    (token id, logprob) pairs at position i under the same distribution, most likely first.
+    ``finish_reason`` is ``stop_id`` | ``stop_string`` | ``length`` | ``cancelled``.
     ``prefill_tokens`` counts prompt tokens actually computed (the rest came from the prefix cache).
     """
 
@@ -46,6 +53,7 @@ class GenerationResult:
     finish_reason: str
     prompt_len: int
     cached_prompt_tokens: int = 0
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 class Generator(Protocol):

@@ -25,7 +25,8 @@ FINISH = {"stop_id": "stop", "stop_string": "stop", "length": "length"}
 
 def _params(plan: Plan, tokenizer: Any, cap: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=cap, temperature=plan.temperature, top_p=plan.top_p,
-                          stop_ids=() if plan.ignore_eos else tuple(tokenizer.stop_ids), stop_strings=plan.stop)
+                          stop_ids=() if plan.ignore_eos else tuple(tokenizer.stop_ids), stop_strings=plan.stop,
+                          top_logprobs=plan.top_logprobs)
 
 
 def _calls(plan: Plan) -> list[tuple[int, tuple[int, ...], int]]:
@@ -33,24 +34,32 @@ def _calls(plan: Plan) -> list[tuple[int, tuple[int, ...], int]]:
     return [(p * plan.n + j, ids, plan.max_tokens[p]) for p, ids in enumerate(plan.prompts) for j in range(plan.n)]
 
 
-def token_logprobs(tokenizer: Any, ids: Any, lps: Any, *, chat: bool, offset: int = 0) -> Any:
-    """Returns the ``logprobs`` record of tokens ``ids`` with logprobs ``lps``: chat's ``content`` list, or
-    completions' parallel lists (``text_offset`` counted from ``offset``)."""
-    pieces = [tokenizer.decode([int(t)]) for t in ids]
+def token_logprobs(tokenizer: Any, ids: Any, lps: Any, *, chat: bool, offset: int = 0, tops: Any = ()) -> Any:
+    """Returns the ``logprobs`` record of tokens ``ids`` with logprobs ``lps`` and, per token, the most likely
+    (id, logprob) pairs ``tops`` (empty: none asked for): chat's ``content`` list, or completions' parallel lists
+    (``text_offset`` counted from ``offset``)."""
+    def piece(t: int) -> str:
+        return tokenizer.decode([int(t)])
+
+    pieces = [piece(t) for t in ids]
+    alts = [[(piece(t), float(lp)) for t, lp in pos] for pos in tops] if len(tops) else [[] for _ in pieces]
     if chat:
-        return {"content": [{"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8")), "top_logprobs": []}
-                            for s, lp in zip(pieces, lps)]}
+        return {"content": [{"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8")),
+                             "top_logprobs": [{"token": a, "logprob": x, "bytes": list(a.encode("utf-8"))}
+                                              for a, x in alt]}
+                            for s, lp, alt in zip(pieces, lps, alts)]}
     offsets, at = [], offset
     for s in pieces:
         offsets.append(at)
         at += len(s)
-    return {"tokens": pieces, "token_logprobs": [float(x) for x in lps], "top_logprobs": None,
-            "text_offset": offsets}
+    return {"tokens": pieces, "token_logprobs": [float(x) for x in lps],
+            "top_logprobs": [dict(alt) for alt in alts] if len(tops) else None, "text_offset": offsets}
 
 
 def _choice(tokenizer: Any, plan: Plan, index: int, result: GenerationResult, *, chat: bool) -> dict:
     text = final_text(tokenizer, result.token_ids, plan.stop)
-    lp = token_logprobs(tokenizer, result.token_ids, result.logprobs, chat=chat) if plan.logprobs else None
+    lp = token_logprobs(tokenizer, result.token_ids, result.logprobs, chat=chat,
+                        tops=result.top_logprobs) if plan.logprobs else None
     out = {"index": index, "logprobs": lp, "finish_reason": FINISH.get(result.finish_reason, "stop")}
     if chat:
         out["message"] = {"role": "assistant", "content": text}
@@ -120,7 +129,7 @@ class Completions:
         tasks: list[asyncio.Task] = []
 
         def progress(i: int) -> Callable:
-            return lambda toks, lps: queue.put_nowait((i, "progress", toks, lps))
+            return lambda toks, lps, tops=(): queue.put_nowait((i, "progress", toks, (lps, tops)))
 
         for i, ids, cap in calls:
             t = asyncio.ensure_future(self.engine.generate(ids, _params(plan, self.tokenizer, cap), plan.key_data(i),
@@ -137,12 +146,13 @@ class Completions:
             return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": self.model,
                                           "choices": [choice]}) + "\n\n"
 
-        def new_logprobs(i: int, toks: Any, lps: Any) -> Any:
+        def new_logprobs(i: int, toks: Any, lps: Any, tops: Any) -> Any:
             if not plan.logprobs:
                 return None
             k = sent_tokens[i]
             sent_tokens[i] = len(toks)
-            return token_logprobs(self.tokenizer, toks[k:], lps[k:], chat=chat, offset=len(sent_text[i]))
+            return token_logprobs(self.tokenizer, toks[k:], lps[k:], chat=chat, offset=len(sent_text[i]),
+                                  tops=tops[k:])
 
         self.metrics.streams += 1
         finished = False
@@ -165,7 +175,7 @@ class Completions:
                     if i in results:
                         continue
                     text = stable_prefix(self.tokenizer, a, plan.stop)
-                    delta, lp = text[len(sent_text[i]):], new_logprobs(i, a, b)
+                    delta, lp = text[len(sent_text[i]):], new_logprobs(i, a, *b)
                     if delta or lp:
                         yield event(i, delta, lp, None)
                         sent_text[i] = text if delta else sent_text[i]
@@ -179,7 +189,8 @@ class Completions:
                 # The sent text is a prefix of the final one (held back up to any stop string); were a decoder to
                 # disagree with itself, the rest is still sent whole rather than dropped.
                 rest = text[len(sent_text[i]):] if text.startswith(sent_text[i]) else text
-                yield event(i, rest, new_logprobs(i, r.token_ids, r.logprobs), FINISH.get(r.finish_reason, "stop"))
+                yield event(i, rest, new_logprobs(i, r.token_ids, r.logprobs, r.top_logprobs),
+                            FINISH.get(r.finish_reason, "stop"))
                 sent_text[i] = text
             ordered = [results[i] for i, _, _ in calls]
             self._count(plan, ordered)

@@ -3,9 +3,8 @@
 
 Supported: ``/v1/chat/completions`` (``messages``, ``max_tokens``/``max_completion_tokens``, ``temperature``,
 ``top_p``, ``stop``, ``n``, ``seed``, ``logprobs``, ``stream``, ``stream_options.include_usage``) and
-``/v1/completions`` (``prompt`` as text, token ids, or a list of either). ``top_logprobs`` / completions'
-``logprobs`` above 0 are refused
-(the engine returns the sampled token's logprob only). ``ignore_eos`` (vLLM's extension) decodes past the end-of-turn
+``/v1/completions`` (``prompt`` as text, token ids, or a list of either). ``top_logprobs`` (completions:
+``logprobs`` = k) up to the k the engine computes beside each token (``sera-serve --max-top-logprobs``). ``ignore_eos`` (vLLM's extension) decodes past the end-of-turn
 tokens, to ``max_tokens`` or a stop string: fixed-length load for benchmarks. Unknown fields are ignored,
 as OpenAI-compatible servers do (the judge's ``chat_template_kwargs``, ``reasoning_effort``: our chat template has no
 thinking mode).
@@ -34,6 +33,7 @@ class Limits:
     max_n: int = 8
     max_body_bytes: int = 4 << 20
     deadline_s: float = 600.0
+    max_top_logprobs: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Plan:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False
+    top_logprobs: int = 0            # most likely tokens reported beside each one (with logprobs)
 
     def key_data(self, index: int) -> np.ndarray | None:
         """Returns raw uint32[2] key data for choice ``index`` when a seed was given (a reproducible draw), else
@@ -174,16 +175,13 @@ def make_plan(body: dict, prompts: list[list[int]], limits: Limits, *, chat: boo
         logprobs = body.get("logprobs") or False
         if not isinstance(logprobs, bool):
             raise bad_request("logprobs must be a boolean", "logprobs")
-        top = body.get("top_logprobs")
-        if top is not None and (not _is_int(top) or top != 0):
-            raise bad_request("top_logprobs above 0 is not supported: the engine returns the sampled token's "
-                              "logprob only", "top_logprobs")
+        top = _top_logprobs(body.get("top_logprobs"), "top_logprobs", limits)
+        if top and not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     else:
         lp = body.get("logprobs")
-        if lp is not None and (not _is_int(lp) or lp != 0):
-            raise bad_request("logprobs must be 0 or null: the engine returns the sampled token's logprob only "
-                              "(0 asks for it)", "logprobs")
-        logprobs = lp == 0
+        top = _top_logprobs(lp, "logprobs", limits)
+        logprobs = lp is not None
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise bad_request("stream must be a boolean", "stream")
@@ -209,4 +207,15 @@ def make_plan(body: dict, prompts: list[list[int]], limits: Limits, *, chat: boo
     if not isinstance(ignore_eos, bool):
         raise bad_request("ignore_eos must be a boolean", "ignore_eos")
     return Plan(tuple(tuple(p) for p in prompts), n, tuple(caps), temperature, top_p, tuple(stop), seed, logprobs,
-                stream, bool(options.get("include_usage")), ignore_eos)
+                stream, bool(options.get("include_usage")), ignore_eos, top)
+
+
+def _top_logprobs(value: Any, name: str, limits: Limits) -> int:
+    """Returns the number of top logprobs asked for (null: 0); raises APIError beyond what the engine computes."""
+    if value is None:
+        return 0
+    k = limits.max_top_logprobs
+    if not _is_int(value) or not 0 <= value <= k:
+        raise bad_request(f"{name} must be an integer in [0, {k}], got {value!r} (this server computes {k} most "
+                          "likely tokens beside each one: sera-serve --max-top-logprobs)", name)
+    return int(value)

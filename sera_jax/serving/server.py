@@ -31,6 +31,7 @@ class ServeOptions:
     max_body_bytes: int = 4 << 20
     deadline_s: float = 600.0
     warmup: bool = False
+    max_top_logprobs: int = 5          # most likely tokens computed beside each generated one (0: none)
 
 
 def engine_config(model_cfg: Any, opts: ServeOptions, backend: str | None = None) -> EngineConfig:
@@ -49,14 +50,15 @@ def engine_config(model_cfg: Any, opts: ServeOptions, backend: str | None = None
         num_blocks = opts.num_blocks
     shapes = cpu_shapes(opts.max_batch, ctx, block) if backend == "cpu" else dict(max_prefill_len=min(2048, ctx))
     return EngineConfig(max_batch=opts.max_batch, block_size=block, num_blocks=int(num_blocks), max_context=ctx,
-                        dtype=dtype, **shapes)
+                        dtype=dtype, top_logprobs=opts.max_top_logprobs, **shapes)
 
 
 def limits(config: EngineConfig, opts: ServeOptions) -> Limits:
     """Returns the request limits of a server whose engine has ``config``."""
     return Limits(max_context=config.max_context, max_tokens=min(opts.max_tokens or config.max_context,
                                                                    config.max_context - 1),
-                  max_n=opts.max_n, max_body_bytes=opts.max_body_bytes, deadline_s=opts.deadline_s)
+                  max_n=opts.max_n, max_body_bytes=opts.max_body_bytes, deadline_s=opts.deadline_s,
+                  max_top_logprobs=config.top_logprobs)
 
 
 def build_app(policy: ServedPolicy, opts: ServeOptions) -> tuple[Any, Engine]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from sera_jax.sampling import Engine, SamplingParams
-from tests.sampling.conftest import Reference, engine_config, random_prompts, run
+from tests.sampling.conftest import REF_LEN, Reference, ToyTokenizer, engine_config, random_prompts, run
 
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0.0)
 
@@ -197,3 +198,35 @@ def test_dispatching_ahead_or_after_parsing_samples_the_same_tokens(cfg, params,
         for a, b in zip(a_turns, b_turns):
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_top_logprobs_are_the_full_forwards_most_likely_tokens(cfg, params, ref):
+    """An engine computing 4 alternatives per token (a server's ``top_logprobs``): each position's reported top 3
+    are the uncached forward's 3 most likely tokens with their temperature-1 logprobs, whatever sampled the turn; a
+    turn that asks for none gets none, one that asks for more than the engine computes is refused."""
+    eng = Engine(cfg, params, engine_config(top_logprobs=4), tokenizer=ToyTokenizer(), seed=7)
+    try:
+        prompts = random_prompts(21, 3, 10, 40)
+        asks = [SamplingParams(max_new_tokens=12, temperature=1.0, top_logprobs=3),
+                SamplingParams(max_new_tokens=12, temperature=0.0, top_logprobs=3),
+                SamplingParams(max_new_tokens=12, temperature=1.0, stop_strings=("</python>",))]
+        results = run([eng.generate(p, sp, key=jax.random.key(i)) for i, (p, sp) in enumerate(zip(prompts, asks))])
+        with pytest.raises(ValueError, match="top_logprobs=5 exceeds the 4"):
+            run(eng.generate(prompts[0], SamplingParams(max_new_tokens=4, top_logprobs=5)))
+    finally:
+        eng.close()
+    assert results[2].top_logprobs == ()
+    for p, r in zip(prompts[:2], results[:2]):
+        assert len(r.top_logprobs) == len(r.token_ids) == 12
+        seq = list(p) + list(r.token_ids)
+        row = np.zeros((1, REF_LEN), np.int32)
+        row[0, :len(seq)] = seq
+        full = np.asarray(jax.nn.log_softmax(ref._fwd(params, row)[0], axis=-1))[len(p) - 1:len(seq) - 1]
+        for pos, (top, lp_row, tok, lp) in enumerate(zip(r.top_logprobs, full, r.token_ids, r.logprobs)):
+            ids, lps = [t for t, _ in top], [x for _, x in top]
+            assert ids == np.argsort(-lp_row)[:3].tolist(), pos
+            np.testing.assert_allclose(lps, lp_row[ids], rtol=1e-4, atol=1e-4)  # cached vs uncached rounding
+            assert lps == sorted(lps, reverse=True)
+            if tok in ids:
+                assert abs(lps[ids.index(tok)] - lp) <= 1e-5
+    assert [t for t, _ in (x[0] for x in results[1].top_logprobs)] == list(results[1].token_ids)  # greedy: top 1

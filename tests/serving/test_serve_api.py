@@ -1,5 +1,6 @@
 """``sera-serve`` on the shipped warm start, asked by the real ``openai`` client over 127.0.0.1: a chat reply, a
-stream whose joined deltas equal it, logprobs equal to ``sera-eval``'s engine for the same tokens, n / stop / seed,
+stream whose joined deltas equal it, logprobs equal to ``sera-eval``'s engine for the same tokens, top logprobs whole
+and streamed, n / stop / seed,
 /v1/completions with token ids, /v1/models, /health, /metrics; every bad input of the issue's table answered with an
 OpenAI-style 4xx while the server keeps serving; 20 mid-stream disconnects leave the KV block count at its baseline;
 SIGTERM drains the request in flight."""
@@ -71,6 +72,32 @@ def test_chat_stream_and_logprobs_match_the_eval_engine(server):
     np.testing.assert_allclose([t.logprob for t in choice.logprobs.content], ref.logprobs, atol=2e-4)
 
 
+def test_top_logprobs_whole_streamed_and_in_completions(server):
+    c, model = client(server), model_name(server)
+    r = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=24, temperature=0, logprobs=True,
+                                  top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens > 0
+    for item in content:
+        top = item.top_logprobs
+        assert len(top) == 3 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        # greedy: the chosen token is the most likely one, with the same logprob
+        assert top[0].token == item.token and abs(top[0].logprob - item.logprob) <= 1e-6
+        assert all(t.bytes == list(t.token.encode()) for t in top)
+    stream = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=24, temperature=0, logprobs=True,
+                                       top_logprobs=3, stream=True)
+    streamed = [x for chunk in stream for ch in chunk.choices if ch.logprobs for x in ch.logprobs.content]
+    assert [(x.token, x.logprob, [(t.token, t.logprob) for t in x.top_logprobs]) for x in streamed] == \
+        [(x.token, x.logprob, [(t.token, t.logprob) for t in x.top_logprobs]) for x in content]
+    plain = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True)
+    assert all(x.top_logprobs == [] for x in plain.choices[0].logprobs.content)
+    comp = c.completions.create(model=model, prompt=[3, 4, 5, 6, 7], max_tokens=8, temperature=0, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) == comp.usage.completion_tokens
+    for tok, logprob, alts in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(alts) <= 2 and abs(max(alts.values()) - logprob) <= 1e-6 and tok in alts
+
+
 def test_n_stop_seed_and_completions(server):
     c, model = client(server), model_name(server)
     base = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=40, temperature=0)
@@ -116,7 +143,9 @@ def bad_inputs(model: str) -> list[tuple[str, bytes, int, str]]:
         ("invalid UTF-8", b'{"model": "' + model.encode() + b'", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
          400, "UTF-8"),
         ("oversized body", b'{"pad": "' + b"x" * (5 << 20) + b'"}', 413, "exceeds the server's limit"),
-        ("top_logprobs", (chat + ', "top_logprobs": 3, "logprobs": true}').encode(), 400, "top_logprobs"),
+        ("top_logprobs over the limit", (chat + ', "top_logprobs": 6, "logprobs": true}').encode(), 400,
+         "top_logprobs must be an integer in [0, 5]"),
+        ("top_logprobs without logprobs", (chat + ', "top_logprobs": 2}').encode(), 400, "needs logprobs"),
         ("a tool message", ('{"model": "%s", "messages": [{"role": "tool", "content": "x"}]}' % model).encode(),
          400, "role"),
     ]
