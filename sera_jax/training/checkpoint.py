@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 
 from sera_jax.config.errors import MissingPath
 from sera_jax.model import Qwen3Config, abstract_params, param_shardings
+from sera_jax.training import checkpoint_sizes
 from sera_jax.training.step import TrainState
 
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "sera-jax")
@@ -118,6 +119,7 @@ class Checkpointer:
             raise ValueError(f"checkpoint every/keep must be positive, got every={every} keep={keep}")
         self.directory = Path(directory).absolute()
         self.every = every
+        self._saved = False  # a reader (sera-eval, sera-export) never writes into the run directory
         self.manager = ocp.CheckpointManager(
             self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
@@ -131,11 +133,14 @@ class Checkpointer:
             return False
         if version in self.manager.all_steps():
             return False
+        if jax.process_index() == 0:
+            checkpoint_sizes.forget(self.directory, version)  # a redone version (a torn one dropped) is new files
         record = {**meta, "version": int(version)}
         # Parameters are their own item, so export and evaluation can restore them without the optimizer.
         self.manager.save(version, args=ocp.args.Composite(
             params=ocp.args.StandardSave(state.params), optimizer=ocp.args.StandardSave(_optimizer_part(state)),
             meta=ocp.args.JsonSave(record)), force=True)
+        self._saved = True
         return True
 
     def latest(self) -> int | None:
@@ -201,10 +206,16 @@ class Checkpointer:
         return cfg, params, meta
 
     def wait(self) -> None:
-        """Blocks until pending saves are on disk."""
+        """Blocks until pending saves are on disk (and records their file sizes, ``checkpoint_sizes``)."""
         self.manager.wait_until_finished()
+        self._record_sizes()
 
     def close(self) -> None:
         """Waits for pending saves and releases the manager."""
         self.manager.wait_until_finished()
+        self._record_sizes()
         self.manager.close()
+
+    def _record_sizes(self) -> None:
+        if self._saved and jax.process_index() == 0:  # one writer: every process sees the same committed files
+            checkpoint_sizes.record(self.directory, self.manager.all_steps())

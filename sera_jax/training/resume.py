@@ -24,6 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from sera_jax.training import checkpoint_sizes
+
 _TREE_FILE = re.compile(r"^v(\d+)_(\d+)(?:\.p\d+)?\.jsonl$")  # .p<i>: one process's part of a multi-host step
 
 
@@ -131,4 +133,6 @@ def finished_version(out_dir: str | Path, total_steps: int, *, needs: Sequence[s
     v = saved_version(out_dir)
     if v is None or v < total_steps or not all((Path(out_dir) / n).is_file() for n in needs):
         return None
+    if not checkpoint_sizes.intact(Path(out_dir) / "checkpoints", v):
+        return None  # torn since it was saved: the resume path reports it and falls back
     return v

@@ -15,6 +15,7 @@ import pytest
 from sera_jax.config import UserError
 from sera_jax.model import Qwen3Config, init_params
 from sera_jax.rl.optim import OptimConfig, make_optimizer
+from sera_jax.training import checkpoint_sizes
 from sera_jax.training.checkpoint import Checkpointer
 from sera_jax.training.intact import CheckpointUnreadable, restore_newest_intact
 from sera_jax.training.metrics import MetricsWriter, read_metrics
@@ -143,6 +144,26 @@ def _torn_run(tmp_path) -> tuple[Checkpointer, object]:
               key=lambda p: p.stat().st_size)
     os.truncate(big, big.stat().st_size // 3)
     return ck, state
+
+
+def test_a_finished_run_whose_newest_checkpoint_tore_since_is_not_finished(tmp_path):
+    """The rerun of a finished run decides from names and recorded file sizes, without JAX: a newest version cut
+    short after its save was recorded sends the rerun down the resume path (which reports it and falls back)."""
+    ck, _ = _torn_run(tmp_path)  # versions 1-3 saved and recorded, then 3's biggest params file truncated
+    ck.close()
+    sizes = tmp_path / "checkpoints" / ".sizes"
+    assert sorted(p.name for p in sizes.iterdir()) == ["1.json", "2.json", "3.json"]
+    assert saved_version(tmp_path) == 3 and finished_version(tmp_path, 3) is None
+    assert checkpoint_sizes.intact(tmp_path / "checkpoints", 2)
+    (sizes / "3.json").unlink()  # no record (a run from before them): left to a real read, as before
+    assert finished_version(tmp_path, 3) == 3
+    # a version no longer kept loses its record; a missing file is as torn as a short one
+    checkpoint_sizes.record(tmp_path / "checkpoints", [2, 3])
+    assert sorted(p.name for p in sizes.iterdir()) == ["2.json", "3.json"]
+    next(f for f in (tmp_path / "checkpoints" / "2").rglob("*") if f.is_file()).unlink()
+    assert not checkpoint_sizes.intact(tmp_path / "checkpoints", 2)
+    checkpoint_sizes.forget(tmp_path / "checkpoints", 2)  # what a save of version 2 does first
+    assert checkpoint_sizes.intact(tmp_path / "checkpoints", 2) and not (sizes / "2.json").exists()
 
 
 def test_a_torn_newest_checkpoint_is_reported_in_one_line_and_passed_over(tmp_path):
