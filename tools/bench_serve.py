@@ -15,7 +15,9 @@ Printed side by side: throughput (completion tokens/s over the pass), time to fi
 first content chunk; for the engine alone, the first round's tokens via ``on_progress``), per-token latency p50/p99
 (first → last token over the tokens between), errors, and the machine's fp32 matmul rate on the model's largest
 projection (as ``tools/bench_decode.py`` measures it). Client and server share this machine's cores: the client's
-own JSON/SSE work is part of what the ratio measures. Ends with a RESULT line.
+own JSON/SSE work is part of what the ratio measures. With ``--pin`` they do not: the engine alone and the server
+each get the first core of this process's CPU set, every thread of them, and the client the others, so the ratio
+compares the server with the engine on equal compute. Ends with a RESULT line.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def messages(user: int, turn: int, salt: int) -> list[dict]:
             {"role": "user", "content": f"Goal {salt}-{user}-{turn}: craft {1 + user % 4} {item}."}]
 
 
+def pin(pid: int, cores: set[int]) -> None:
+    """Moves every thread of process ``pid`` (0: this one) onto ``cores``; threads it starts later inherit them."""
+    for tid in os.listdir(f"/proc/{pid or os.getpid()}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile
+
+
 def cpu_seconds(pid: int | None = None) -> float:
     """Returns the CPU seconds (user + system) a process has used so far (this one by default)."""
     if pid is None:
@@ -65,6 +76,7 @@ class Pass:
     def __init__(self) -> None:
         self.ttft, self.tpot, self.tokens, self.errors, self.wall = [], [], 0, 0, 0.0
         self.server_cpu = self.client_cpu = 0.0
+        self.chunks = 0  # server-sent events the client parsed (the served pass)
 
     def add(self, sent: float, first: float | None, last: float | None, tokens: int) -> None:
         if first is None:
@@ -80,7 +92,7 @@ class Pass:
         return {"tps": self.tokens / self.wall if self.wall else 0.0, "ttft50": q(self.ttft, 50),
                 "ttft99": q(self.ttft, 99), "tpot50": q(self.tpot, 50), "tpot99": q(self.tpot, 99),
                 "errors": self.errors, "tokens": self.tokens, "wall": self.wall, "server_cpu": self.server_cpu,
-                "client_cpu": self.client_cpu}
+                "client_cpu": self.client_cpu, "chunks": self.chunks}
 
 
 async def engine_pass(engine: Engine, tok, users: int, requests: int, new_tokens: int, salt: int) -> Pass:
@@ -122,6 +134,7 @@ async def serve_pass(client, model: str, users: int, requests: int, new_tokens: 
                     stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
                 async for chunk in stream:
                     now = time.perf_counter()
+                    out.chunks += 1
                     if chunk.usage is not None:
                         tokens = chunk.usage.completion_tokens
                     if any(c.delta.content for c in chunk.choices):
@@ -158,6 +171,8 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=None, help="concurrent users (default 64, quick 4)")
     ap.add_argument("--requests", type=int, default=None, help="requests per user (default 4, quick 2)")
     ap.add_argument("--new-tokens", type=int, default=None, help="completion tokens (default 64, quick 16)")
+    ap.add_argument("--pin", action="store_true",
+                    help="engine alone and server on one core, the client on the others (equal compute)")
     ap.add_argument("--max-top-logprobs", type=int, default=ServeOptions.max_top_logprobs,
                     help="alternatives both engines compute beside each token (default: the server's)")
     args = ap.parse_args()
@@ -165,6 +180,10 @@ def main() -> None:
     requests = args.requests or (2 if args.quick else 4)
     new_tokens = args.new_tokens or (16 if args.quick else 64)
     context = 256 if args.quick else 512
+    cores = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cores) < 2:
+        ap.error("--pin needs at least 2 cores")
+    engine_cores, client_cores = ({cores[0]}, set(cores[1:])) if args.pin else (set(cores), set(cores))
 
     with tempfile.TemporaryDirectory() as tmp:
         run = import_pretrained(SHIPPED_DIRS["textcraft"], os.path.join(tmp, "tiny_run"))
@@ -172,6 +191,7 @@ def main() -> None:
         opts = ServeOptions(max_batch=users, max_context=context, max_top_logprobs=args.max_top_logprobs)
         rate = matmul_rate(policy.model_cfg)
 
+        pin(0, engine_cores)
         engine = Engine(policy.model_cfg, policy.params, engine_config(policy.model_cfg, opts),
                         tokenizer=policy.tokenizer)
         try:
@@ -184,6 +204,8 @@ def main() -> None:
 
         proc = serve_process([str(run)], "--max-batch", str(users), "--max-context", str(context),
                              "--max-top-logprobs", str(args.max_top_logprobs))
+        pin(proc.proc.pid, engine_cores)
+        pin(0, client_cores)
         try:
             model = policy.name
             compiles0 = httpx.get(proc.url + "/metrics").json()["engine"]["compiles"]
@@ -194,9 +216,11 @@ def main() -> None:
             proc.stop()
 
     ratio = served["tps"] / alone["tps"] if alone["tps"] else 0.0
+    placement = (f"engine alone and server pinned to core {cores[0]}, client to {sorted(client_cores)}"
+                 if args.pin else "client and server sharing every core")
     print(f"sera-serve vs the engine alone: {users} concurrent users x {requests} streamed chat requests, "
           f"{new_tokens} tokens each (greedy, ignore_eos), the shipped tiny warm start, engine rows {users}, "
-          f"top logprobs computed {args.max_top_logprobs}; "
+          f"top logprobs computed {args.max_top_logprobs}; {placement}; "
           f"machine fp32 matmul rate {rate / 1e9:.0f} GFLOP/s")
     print("| | tokens/s | TTFT p50 ms | TTFT p99 ms | per-token p50 ms | per-token p99 ms | errors | wall s | "
           "engine/server CPU s | client CPU s | compiles (both passes) |")
@@ -205,7 +229,8 @@ def main() -> None:
         print(f"| {name} | {r['tps']:.0f} | {r['ttft50']:.0f} | {r['ttft99']:.0f} | {r['tpot50']:.1f} | "
               f"{r['tpot99']:.1f} | {r['errors']} | {r['wall']:.2f} | {r['server_cpu']:.2f} | "
               f"{r['client_cpu']:.2f} | {r['compiles']} |")
-    print(f"throughput ratio sera-serve / engine alone: {ratio:.2f} (goal >= 0.8)")
+    print(f"throughput ratio sera-serve / engine alone: {ratio:.2f} (goal >= 0.8); server-sent events parsed by the "
+          f"client: {served['chunks'] / max(1, users * requests):.1f} per request")
     print(f"RESULT users={users} requests={requests} new_tokens={new_tokens} serve_tps={served['tps']:.1f} "
           f"engine_tps={alone['tps']:.1f} ratio={ratio:.3f} serve_ttft_p50_ms={served['ttft50']:.1f} "
           f"serve_ttft_p99_ms={served['ttft99']:.1f} serve_tpot_p50_ms={served['tpot50']:.2f} "
@@ -213,7 +238,8 @@ def main() -> None:
           f"engine_ttft_p99_ms={alone['ttft99']:.1f} errors={served['errors']} "
           f"serve_server_cpu_s={served['server_cpu']:.2f} serve_client_cpu_s={served['client_cpu']:.2f} "
           f"engine_cpu_s={alone['server_cpu']:.2f} "
-          f"matmul_gflops={rate / 1e9:.1f} quick={int(args.quick)}")
+          f"matmul_gflops={rate / 1e9:.1f} quick={int(args.quick)} pinned={int(args.pin)} "
+          f"top_logprobs={args.max_top_logprobs} chunks_per_request={served['chunks'] / max(1, users * requests):.1f}")
 
 
 if __name__ == "__main__":
