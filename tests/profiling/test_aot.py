@@ -144,3 +144,23 @@ def test_the_cli_compiles_the_job_for_several_host_counts(tmp_path):
     assert sum(v["across"] for v in one.values()) == 0  # one host: nothing crosses hosts
     assert sum(v["across"] for v in four.values()) > 0  # four hosts: the data-parallel reduction does
     assert all(r["problems"] == [] for r in reports)
+
+
+def test_the_serving_engine_with_top_logprobs_compiles_for_the_gpu(small):
+    """``sera-serve``'s engine on a GPU: its sizes (``serving.server.engine_config``, bfloat16) with 5 top logprobs
+    computed beside each token compile at their largest buckets, and the decode and first-token programs return
+    the top-k arrays ([rows, steps, 5], [rows, 5])."""
+    from sera_jax.serving.server import ServeOptions
+    from sera_jax.serving.server import engine_config as serve_engine_config
+
+    cfg, devices, _ = small
+    m = cfg.model_config()
+    ecfg = serve_engine_config(m, ServeOptions(max_batch=8, max_context=1024, num_blocks=513), backend="gpu")
+    assert ecfg.top_logprobs == 5 and ecfg.dtype == "bfloat16"
+    e = aot_engine.compile_engine(m, ecfg, devices[0], every_bucket=False, keep_executables=True)
+    kinds = {p.name.split("[")[0]: p for p in e.programs}
+    assert set(kinds) == {"prefill", "start", "decode"}
+    out = {k: [tuple(o.shape) for o in jax.tree.leaves(p.executable.out_info)] for k, p in kinds.items()}
+    assert (ecfg.buckets()["batch"][-1], ecfg.chunk_steps, 5) in out["decode"]
+    start_rows = json.loads(kinds["start"].name[len("start"):])[0]
+    assert (start_rows, 5) in out["start"]
