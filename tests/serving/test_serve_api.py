@@ -87,8 +87,12 @@ def test_top_logprobs_whole_streamed_and_in_completions(server):
     stream = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=24, temperature=0, logprobs=True,
                                        top_logprobs=3, stream=True)
     streamed = [x for chunk in stream for ch in chunk.choices if ch.logprobs for x in ch.logprobs.content]
-    assert [(x.token, x.logprob, [(t.token, t.logprob) for t in x.top_logprobs]) for x in streamed] == \
-        [(x.token, x.logprob, [(t.token, t.logprob) for t in x.top_logprobs]) for x in content]
+    # The same tokens and alternatives; logprobs to rounding (the second request finds its prompt in the prefix
+    # cache, so its prefill runs another program).
+    assert [(x.token, [t.token for t in x.top_logprobs]) for x in streamed] == \
+        [(x.token, [t.token for t in x.top_logprobs]) for x in content]
+    np.testing.assert_allclose([[x.logprob] + [t.logprob for t in x.top_logprobs] for x in streamed],
+                               [[x.logprob] + [t.logprob for t in x.top_logprobs] for x in content], atol=1e-4)
     plain = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True)
     assert all(x.top_logprobs == [] for x in plain.choices[0].logprobs.content)
     comp = c.completions.create(model=model, prompt=[3, 4, 5, 6, 7], max_tokens=8, temperature=0, logprobs=2)
