@@ -28,8 +28,8 @@ class Request:
     stop_ids: np.ndarray  # int32[max_stop_ids], -1 padded
     future: asyncio.Future | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    # Called on the request's loop with (token ids, logprobs[, top logprobs]) so far whenever a round adds tokens to a live turn (a
-    # server's stream); the finished turn still comes back through ``future``.
+    # Called on the request's loop with (token ids, logprobs[, top logprobs]) so far whenever a round adds tokens to
+    # a live turn (a server's stream); the finished turn still comes back through ``future``.
     on_progress: Any = None
     reported: int = 0  # tokens already handed to ``on_progress``
     # --- host progress ---

@@ -60,11 +60,15 @@ def sample_tokens(logits_BV: Float[Array, "B V"], temperature_B: Float[Array, "B
     sampled = jax.lax.cond(jnp.any(temperature_B > 0), draw_rows, lambda *_: greedy, logits, temperature_B, top_p_B,
                            key_data_B2, step_B)
     tokens = jnp.where(temperature_B > 0, sampled, greedy)
-    # log_softmax at the chosen token only: logit - max - log(sum(exp(logits - max))).
-    m = jnp.max(logits, axis=-1)
-    lse = m + jnp.log(jnp.sum(jnp.exp(logits - m[:, None]), axis=-1))
-    logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
+    # log_softmax at the chosen token only: logit - logsumexp(logits).
+    logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - _logsumexp(logits)
     return tokens, logprobs
+
+
+def _logsumexp(logits_BV: jax.Array) -> jax.Array:
+    """Returns each row's log(sum(exp(logits))) [B], shifted by its max (the softmax's normaliser)."""
+    m = jnp.max(logits_BV, axis=-1)
+    return m + jnp.log(jnp.sum(jnp.exp(logits_BV - m[:, None]), axis=-1))
 
 
 def top_logprobs(logits_BV: Float[Array, "B V"], k: int) -> tuple[Int[Array, "B k"], Float[Array, "B k"]]:
@@ -75,6 +79,4 @@ def top_logprobs(logits_BV: Float[Array, "B V"], k: int) -> tuple[Int[Array, "B 
         return jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0), jnp.float32)
     logits = logits_BV.astype(jnp.float32)
     values, ids = jax.lax.top_k(logits, k)
-    m = jnp.max(logits, axis=-1)
-    lse = m + jnp.log(jnp.sum(jnp.exp(logits - m[:, None]), axis=-1))
-    return ids.astype(jnp.int32), values - lse[:, None]
+    return ids.astype(jnp.int32), values - _logsumexp(logits)[:, None]
