@@ -16,7 +16,10 @@ peers waiting in a collective).
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import threading
 from typing import Any
 
 TERMINATED = 143  # 128 + SIGTERM
@@ -42,6 +45,19 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
+def _redeliver_if_swallowed(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a KeyboardInterrupt raised by the SIGTERM handler while the main thread ran a
+    callback whose exceptions Python ignores (a gc callback such as jax's, a ``__del__``) would be lost and the
+    command would run on; the signal is sent again shortly, from a thread, so the handler runs in ordinary code."""
+    if _terminated and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return
+    _previous_hook(unraisable)
+
+
+_previous_hook = sys.unraisablehook
+
+
 def install(*, direct: bool = False) -> None:
     """Makes SIGTERM behave as Ctrl-C for the rest of the process (main thread only); returns None. ``direct``:
     raise ``KeyboardInterrupt`` where the main thread is, even inside ``asyncio.run`` (for a command that saves
@@ -54,6 +70,9 @@ def install(*, direct: bool = False) -> None:
         # would be raised inside the event loop, whose tasks are then cancelled without the loop's save.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    global _previous_hook
+    if sys.unraisablehook is not _redeliver_if_swallowed:
+        _previous_hook, sys.unraisablehook = sys.unraisablehook, _redeliver_if_swallowed
 
 
 def terminated() -> bool:

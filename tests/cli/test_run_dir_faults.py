@@ -202,3 +202,34 @@ def test_sigterm_to_a_background_warm_start_build(tmp_path, env):
     assert p.returncode == 143, err[-3000:]
     assert "sera-warmstart: terminated (SIGTERM); the same command starts the warm start again" in err
     assert "Traceback" not in err and not out.exists()
+
+
+_GC_SIGTERM = """
+import gc, os, signal, time
+from sera_jax.cli import preemption
+preemption.install(direct=True)
+sent = []
+def callback(phase, info):
+    if phase == "start" and not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # Python code inside the gc callback: the handler runs, and raises, here
+            pass
+gc.callbacks.append(callback)
+t0 = time.monotonic()
+try:
+    while time.monotonic() - t0 < 20:
+        gc.collect()
+        time.sleep(0.01)
+    print("ran on")
+except KeyboardInterrupt:
+    print("stopped", preemption.exit_status())
+"""
+
+
+def test_a_sigterm_landing_in_a_gc_callback_still_stops_the_command(env):
+    """Python ignores exceptions raised in gc callbacks (jax registers one), so the KeyboardInterrupt a SIGTERM
+    raises there would be lost and the command would run on (seen: a warm-start build that finished after its
+    SIGTERM); the signal is delivered again from outside the callback."""
+    out = subprocess.run([sys.executable, "-c", _GC_SIGTERM], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "stopped 143", out.stdout + out.stderr[-2000:]
