@@ -136,7 +136,8 @@ class TreeRun:
         turn = Turn(index=index, prompt_ids=list(prompt.ids), completion_ids=ids, logprobs=logprobs,
                     policy_version=int(result.policy_version), completion_id=f"{self.tree.id}:{node.id}:{index}",
                     completion_text=tok.decode(ids),
-                    misc={"finish_reason": result.finish_reason, "prompt_len": len(prompt.ids), **prompt.info()})
+                    misc={"finish_reason": result.finish_reason, "prompt_len": len(prompt.ids), **prompt.info(),
+                          **({"usage": dict(result.usage)} if result.usage is not None else {})})
         return turn, tok.decode(ids, skip_special_tokens=True)
 
 

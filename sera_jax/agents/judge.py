@@ -3,8 +3,8 @@
 * ``ProgrammaticJudge`` — TextCraft: success iff some turn of the branch (scanning from the last) has
   ``reward/success`` > 0, else its final check's label ``env_labels["success"]`` > 0 (crafted delta ≥ targets).
 * ``ChatJudge`` — an OpenAI-compatible ``/chat/completions`` endpoint given in config (the paper used an external
-  model), asked with ``httpx``'s async client: no thread per request, one connection pool per event loop (keep-alive
-  across labels, at most ``max_connections`` open). Each attempt has a timeout bounding the whole request (connect,
+  model), asked through the one HTTP client (``sampling/openai_client.py``, ``httpx``'s async client): no thread per
+  request, one connection pool per event loop (keep-alive across labels, at most ``max_connections`` open). Each attempt has a timeout bounding the whole request (connect,
   a slow first byte, the body); HTTP errors, timeouts, unreachable hosts and unparseable replies are retried with
   exponential back-off up to ``max_attempts`` (3 for the branch judge: 2 retries; the spec's external client
   allows 5). A judge that still fails returns a label with
@@ -42,7 +42,6 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-import httpx
 import jax
 
 from sera_jax.agents.env_name import EnvName
@@ -53,6 +52,7 @@ from sera_jax.agents.records import Node
 from sera_jax.agents.rubric import compact_replies, extract_json_object, truncate_context
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.sampling.engine import Engine
+from sera_jax.sampling.openai_client import OpenAIClient, usage_tokens
 
 JUDGE_SYSTEM = (
     "You judge one sub-agent of a multi-agent system. Decide whether it completed the goal it was assigned and "
@@ -154,66 +154,39 @@ class ChatJudge:
         if style not in ("paper", "compact"):
             raise ValueError(f"judge prompt style must be 'paper' or 'compact', got {style!r}")
         self.style = style
-        url = base_url.rstrip("/")
-        self.url = url if url.endswith("/chat/completions") else url + "/chat/completions"
+        # The one HTTP client (sampling/openai_client.py), shared with the evaluated endpoint policy.
+        self.client = OpenAIClient(base_url, api_key=api_key, timeout_s=timeout_s, max_connections=max_connections)
+        self.url = self.client.base_urls[0] + "/chat/completions"
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
         self.max_attempts, self.backoff_s = max_attempts, backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
         self.max_connections = max_connections
         # Extra request fields (None = the reference's thinking-off fields); they never override the core fields.
         self.extra_body = copy.deepcopy(dict(NO_THINKING if extra_body is None else extra_body))
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def request_body(self, messages: Sequence[dict]) -> dict[str, Any]:
         """Returns the JSON body of one chat-completions request for ``messages``."""
         return {**copy.deepcopy(self.extra_body), "model": self.model, "messages": list(messages),
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
 
-    def _http(self) -> httpx.AsyncClient:
-        """Returns the connection pool of the running event loop (a pool belongs to the loop that opened it)."""
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop or self._client.is_closed:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
-                                             limits=httpx.Limits(max_connections=self.max_connections))
-            self._client_loop = loop
-        return self._client
-
     async def aclose(self) -> None:
         """Closes this loop's connection pool (a later request opens a new one)."""
-        if self._client is not None and self._client_loop is asyncio.get_running_loop():
-            await self._client.aclose()
-        self._client = self._client_loop = None
-
-    async def _post(self, messages: Sequence[dict]) -> tuple[str, dict[str, int] | None]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        resp = await self._http().post(self.url, content=json.dumps(self.request_body(messages)).encode(),
-                                       headers=headers)
-        resp.raise_for_status()
-        payload = json.loads(resp.content.decode("utf-8", "replace"))
-        content = payload["choices"][0]["message"]["content"]
-        if not isinstance(content, str):
-            raise ValueError("message content is not a string")
-        return content, usage_tokens(payload)
+        await self.client.aclose()
 
     async def _attempt(self, messages: Sequence[dict], node_id: str = "") -> tuple[str | None, str, dict | None]:
         """Returns (reply text | None, why there is none, token usage | None) of one request."""
-        timeout = f"no reply from {self.url} within {self.timeout_s:g} s"
+        with span("judge", node=node_id):
+            payload, err, _ = await self.client.attempt("chat/completions", self.request_body(messages))
+        if payload is None:
+            return None, err, None
         try:
-            with span("judge", node=node_id):
-                # httpx's timeout is per read; the whole request (a server trickling bytes) is bounded here.
-                text, usage = await asyncio.wait_for(self._post(messages), self.timeout_s)
-            return text, "", usage
-        except httpx.HTTPStatusError as e:
-            return None, f"HTTP {e.response.status_code} from {self.url}", None
-        except (TimeoutError, httpx.TimeoutException):
-            return None, timeout, None
-        except (httpx.TransportError, OSError) as e:
-            return None, f"cannot reach {self.url}: {type(e).__name__}: {e}", None
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+            content = payload["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as e:
             return None, f"malformed chat-completions response from {self.url}: {type(e).__name__}: {e}", None
+        if not isinstance(content, str):
+            return None, f"malformed chat-completions response from {self.url}: message content is not a string", \
+                None
+        return content, "", usage_tokens(payload)
 
     async def label(self, node: Node, parent_goal: str = "") -> Label:
         """Returns the judge's label of a finished branch: each of up to ``max_attempts`` tries is one request;
@@ -280,18 +253,6 @@ class PolicyJudge:
             if success is not None:
                 return Label(success, reason, attempt, **spent.fields())
         return Label(None, "", self.max_attempts, f"frozen-policy judge failed: {last}", **spent.fields())
-
-
-def usage_tokens(payload: Any) -> dict[str, int] | None:
-    """Returns {"prompt_tokens", "completion_tokens"} from a chat-completions response's ``usage`` field, or None
-    when it has none (or not as non-negative integers)."""
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (p, c)):
-        return None
-    return {"prompt_tokens": p, "completion_tokens": c}
 
 
 class _Spent:

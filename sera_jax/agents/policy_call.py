@@ -92,7 +92,7 @@ async def policy_call(generator: Any, tokenizer: Any, messages: Sequence[dict], 
                 logprobs=[float(x) for x in result.logprobs], policy_version=int(result.policy_version),
                 completion_id=f"{tree_id}:{name}", completion_text=tokenizer.decode(ids),
                 misc={"call": name, "finish_reason": result.finish_reason, "temperature": spec.temperature,
-                      **prompt.info()})
+                      **prompt.info(), **({"usage": dict(result.usage)} if result.usage is not None else {})})
     return CallResult(turn, tokenizer.decode(ids, skip_special_tokens=True), "")
 
 

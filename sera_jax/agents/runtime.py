@@ -145,6 +145,11 @@ def tree_stats(tree: Tree) -> dict:
     delegations (accepted / refused), direct children of the root, and agents that ended with an error."""
     nodes = list(tree.nodes.values())
     turns = [t for n in nodes for t in n.turns]
+    # A served model's own counts (its ``usage``): its text is re-encoded here, which may split differently.
+    served = [t.misc["usage"] for t in turns if isinstance(t.misc.get("usage"), dict)]
+    usage = {"served_completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in served),
+             "served_prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in served),
+             "unmetered_turns": sum(1 for u in served if not u.get("metered", True))} if served else {}
     return {
         "nodes": len(nodes), "subagent_nodes": len(nodes) - 1,
         "successful_nodes": sum(1 for n in nodes if n.env_labels.get("success") == 1.0),
@@ -155,6 +160,7 @@ def tree_stats(tree: Tree) -> dict:
         "refused_delegations": sum(1 for d in tree.delegations if d.kind == "refused"),
         "root_direct_children": sum(1 for n in nodes if n.parent_id == tree.root_id),
         "agent_errors": sum(1 for n in nodes if n.rollout_error_zero_reward),
+        **usage,
     }
 
 

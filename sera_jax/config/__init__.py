@@ -5,6 +5,7 @@ from sera_jax.config.load import from_dict, load_config, parse_override, split_c
 from sera_jax.config.schema import (
                                     BatchSection,
                                     ConfigError,
+                                    EndpointSection,
                                     EnvSection,
                                     EvalSection,
                                     JudgeSection,
@@ -18,5 +19,5 @@ from sera_jax.config.schema import (
 from sera_jax.config.validate import check_mesh, validate
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
-           "TrainSection", "JudgeSection", "EvalSection", "WarmStartSection", "RunConfig", "load_config", "from_dict",
+           "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RunConfig", "load_config", "from_dict",
            "parse_override", "split_cli", "validate", "check_mesh", "UserError", "MissingPath"]

@@ -34,7 +34,7 @@ from sera_jax.rl.optim import OptimConfig
 from sera_jax.rl.stages import MethodConfig, method_config
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
-           "TrainSection", "JudgeSection", "EvalSection", "WarmStartSection", "RunConfig"]
+           "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RunConfig"]
 
 
 class ConfigError(ValueError):
@@ -178,6 +178,22 @@ class JudgeSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class EndpointSection:
+    # A policy behind an OpenAI-compatible server (sera-eval --endpoint URL --model NAME): its replicas (requests go
+    # round-robin), the served model's name, and how the client asks (sampling/endpoint.py). Empty urls: in process.
+    urls: tuple[str, ...] = ()
+    model: Optional[str] = None
+    api_key_env: str = "SERA_ENDPOINT_API_KEY"  # the key is read from this variable, never from a command line
+    # The served model's tokenizer (prompt budgets are counted in its tokens): a tokenizer.json / .model path or an
+    # HF directory; null = asked of the server (sera-serve sends its own), else the run is refused.
+    tokenizer: Optional[str] = None
+    concurrency: int = 64                # requests in flight, over all replicas
+    timeout_s: float = 600.0             # per request, whole
+    retries: int = 2                     # per turn, after back-off, each to the next replica
+    backoff_s: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalSection:
     task_set: str = "val"
     difficulties: tuple[str, ...] = ()   # () = all difficulties of the eval task set
@@ -265,6 +281,7 @@ class RunConfig:
     train: TrainSection = TrainSection()
     judge: JudgeSection = JudgeSection()
     eval: EvalSection = EvalSection()
+    endpoint: EndpointSection = EndpointSection()
     warmstart: WarmStartSection = WarmStartSection()
 
     def model_config(self) -> Qwen3Config:

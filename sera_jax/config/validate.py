@@ -83,6 +83,12 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.rollout.trees_per_task >= 2, "rollout.trees_per_task", "leave-one-out baselines need at least 2")
     need(cfg.rollout.temperature >= 0, "rollout.temperature", "must be ≥ 0")
     need(cfg.eval.temperature >= 0, "eval.temperature", "must be ≥ 0")
+    ep = cfg.endpoint
+    need(ep.concurrency >= 1, "endpoint.concurrency", "must be ≥ 1")
+    need(ep.timeout_s > 0, "endpoint.timeout_s", "must be positive")
+    need(ep.retries >= 0, "endpoint.retries", "must be ≥ 0")
+    need(ep.backoff_s >= 0, "endpoint.backoff_s", "must be ≥ 0")
+    need(not ep.urls or bool(ep.model), "endpoint.model", "a served policy needs the model name its server serves")
     need(cfg.eval.rubric_probe_groups == 0 or env.programmatic, "eval.rubric_probe_groups",
          "the rubric probe needs TextCraft's programmatic branch labels (0 for other environments)")
     rtp = cfg.rollout.rubric_stage_tasks_per_step

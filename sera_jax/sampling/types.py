@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import jax
 
@@ -45,6 +45,8 @@ class GenerationResult:
     (token id, logprob) pairs at position i under the same distribution, most likely first.
     ``finish_reason`` is ``stop_id`` | ``stop_string`` | ``length`` | ``cancelled``.
     ``prefill_tokens`` counts prompt tokens actually computed (the rest came from the prefix cache).
+    ``usage`` is a served model's own token counts (``prompt_tokens``, ``completion_tokens``, the route and replica
+    asked; ``sampling/endpoint.py``), None for the engine, whose ids are the count.
     """
 
     token_ids: tuple[int, ...]
@@ -54,10 +56,12 @@ class GenerationResult:
     prompt_len: int
     cached_prompt_tokens: int = 0
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    usage: Mapping[str, Any] | None = None
 
 
 class Generator(Protocol):
-    """What the agent runtime awaits for every turn (the engine, or a scripted test double)."""
+    """The policy interface: what the agent runtime awaits for every turn and side call. Implementations: the
+    engine (``sampling/engine.py``), a served model (``sampling/endpoint.py``), and scripted test doubles."""
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                        key: jax.Array | None = None) -> GenerationResult: ...

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP front of one engine: a Starlette app (served by uvicorn, ``serving.server``).
 
 Routes: ``POST /v1/chat/completions`` (the Qwen chat template), ``POST /v1/completions`` (text or token ids),
-``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 once it failed or closed) and ``GET /metrics``
+``GET /v1/models`` (with a ``sera`` record: where the weights came from, the tokenizer's digest),
+``GET /v1/sera/tokenizer`` (the tokenizer's files, for a client that counts prompt budgets), ``GET /health`` (200 while the engine runs, 503 once it failed or closed) and ``GET /metrics``
 (JSON: the server's counters and the engine's — waiting and running turns, KV blocks referenced and cached).
 A bad request gets an OpenAI-style JSON error (``errors.APIError``); an unexpected failure in a handler is logged and
 answered with a 500 of the same shape, and the server keeps serving.
@@ -10,9 +11,12 @@ answered with a 500 of the same shape, and the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -46,12 +50,29 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(engine: Any, tokenizer: Any, model: str, limits: Limits, *, close_engine: bool = True) -> Starlette:
-    """Returns the Starlette app serving ``engine`` (with ``tokenizer``) as ``model``. On shutdown (after uvicorn
-    has drained the requests in flight) the engine is closed when ``close_engine``."""
+def tokenizer_bundle(tokenizer: Any) -> dict[str, Any]:
+    """Returns the served model's tokenizer as ``GET /v1/sera/tokenizer`` sends it: its kind and its files
+    (tokenizer.json with the tokenizer_config.json and generation_config.json beside it, or the sentencepiece
+    .model), base64-encoded, with their sha256 over the files in name order. A client that evaluates this server
+    loads them as they are, so prompt budgets are counted in the served model's own tokens."""
+    path = Path(tokenizer.path)
+    names = [path.name] + ([n for n in ("tokenizer_config.json", "generation_config.json")
+                            if (path.parent / n).is_file()] if tokenizer.kind == "hf" else [])
+    files = {n: (path.parent / n).read_bytes() for n in names}
+    digest = hashlib.sha256(b"".join(n.encode() + b"\0" + files[n] for n in sorted(files))).hexdigest()
+    return {"kind": tokenizer.kind, "files": {n: base64.b64encode(b).decode() for n, b in files.items()},
+            "sha256": digest}
+
+
+def create_app(engine: Any, tokenizer: Any, model: str, limits: Limits, *, close_engine: bool = True,
+               source: str = "") -> Starlette:
+    """Returns the Starlette app serving ``engine`` (with ``tokenizer``) as ``model``, loaded from ``source`` (said
+    in ``/v1/models``). On shutdown (after uvicorn has drained the requests in flight) the engine is closed when
+    ``close_engine``."""
     metrics = ServeMetrics()
     completions = Completions(engine, tokenizer, model, metrics, limits.deadline_s)
     vocab = int(engine.cfg.vocab_size)
+    bundle = tokenizer_bundle(tokenizer)
     started = int(time.time())
 
     async def generate(request: Request, chat: bool) -> Any:
@@ -88,7 +109,13 @@ def create_app(engine: Any, tokenizer: Any, model: str, limits: Limits, *, close
         metrics.requests["models"] += 1
         return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": started,
                                                           "owned_by": "sera-jax",
-                                                          "max_model_len": limits.max_context}]})
+                                                          "max_model_len": limits.max_context,
+                                                          "sera": {"source": source,
+                                                                   "tokenizer_sha256": bundle["sha256"]}}]})
+
+    async def tokenizer_route(request: Request) -> JSONResponse:
+        metrics.requests["tokenizer"] += 1
+        return JSONResponse(bundle)
 
     async def health(request: Request) -> JSONResponse:
         if engine.alive:
@@ -121,6 +148,7 @@ def create_app(engine: Any, tokenizer: Any, model: str, limits: Limits, *, close
     routes = [Route("/v1/chat/completions", endpoint("chat", True), methods=["POST"]),
               Route("/v1/completions", endpoint("completions", False), methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/sera/tokenizer", tokenizer_route, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
               Route("/metrics", metrics_route, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan,

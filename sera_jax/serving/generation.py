@@ -60,12 +60,26 @@ def _choice(tokenizer: Any, plan: Plan, index: int, result: GenerationResult, *,
     text = final_text(tokenizer, result.token_ids, plan.stop)
     lp = token_logprobs(tokenizer, result.token_ids, result.logprobs, chat=chat,
                         tops=result.top_logprobs) if plan.logprobs else None
-    out = {"index": index, "logprobs": lp, "finish_reason": FINISH.get(result.finish_reason, "stop")}
+    out = {"index": index, "logprobs": lp, "finish_reason": FINISH.get(result.finish_reason, "stop"),
+           "stop_reason": stop_reason(tokenizer, plan, result)}
     if chat:
         out["message"] = {"role": "assistant", "content": text}
     else:
         out["text"] = text
     return out
+
+
+def stop_reason(tokenizer: Any, plan: Plan, result: GenerationResult) -> str | int | None:
+    """Returns what ended a completion as vLLM's ``stop_reason`` says it: the stop string that matched (left out of
+    the text, the OpenAI convention), the stop token's id, or None (the length cap). A client can thus tell a reply
+    cut at ``</python>`` from one that ended its turn, which ``finish_reason: "stop"`` leaves open."""
+    if result.finish_reason == "stop_string":
+        text = tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+        found = [(text.find(s), s) for s in plan.stop if s and s in text]
+        return min(found)[1] if found else None
+    if result.finish_reason == "stop_id" and result.token_ids:
+        return int(result.token_ids[-1])
+    return None
 
 
 def _usage(plan: Plan, results: list[GenerationResult]) -> dict:
@@ -137,12 +151,15 @@ class Completions:
             t.add_done_callback(lambda t, i=i: queue.put_nowait((i, "done", t, None)))
             tasks.append(t)
 
-        def event(i: int, text: str, lp: Any, finish: str | None, first: bool = False) -> str:
+        def event(i: int, text: str, lp: Any, finish: str | None, first: bool = False,
+                  result: GenerationResult | None = None) -> str:
             if chat:
                 delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
                 choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
                 choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+            if result is not None:
+                choice["stop_reason"] = stop_reason(self.tokenizer, plan, result)
             return "data: " + json.dumps({"id": rid, "object": kind, "created": created, "model": self.model,
                                           "choices": [choice]}) + "\n\n"
 
@@ -190,7 +207,7 @@ class Completions:
                 # disagree with itself, the rest is still sent whole rather than dropped.
                 rest = text[len(sent_text[i]):] if text.startswith(sent_text[i]) else text
                 yield event(i, rest, new_logprobs(i, r.token_ids, r.logprobs, r.top_logprobs),
-                            FINISH.get(r.finish_reason, "stop"))
+                            FINISH.get(r.finish_reason, "stop"), result=r)
                 sent_text[i] = text
             ordered = [results[i] for i, _, _ in calls]
             self._count(plan, ordered)

@@ -67,7 +67,7 @@ def build_app(policy: ServedPolicy, opts: ServeOptions) -> tuple[Any, Engine]:
     engine = Engine(policy.model_cfg, policy.params, config, tokenizer=policy.tokenizer)
     if opts.warmup:
         engine.warmup()
-    return create_app(engine, policy.tokenizer, policy.name, limits(config, opts)), engine
+    return create_app(engine, policy.tokenizer, policy.name, limits(config, opts), source=policy.source), engine
 
 
 def serve(policy: ServedPolicy, opts: ServeOptions, host: str, port: int, *, graceful_s: float = 30.0,
