@@ -68,7 +68,7 @@ def _loss_hex(mb) -> str:
     # outside CISPO's clip), so the loss depends on every advantage.
     old = np.asarray(mb.old_logprobs, np.float32)
     logp = old + np.float32(0.8) * np.sin(np.arange(old.size, dtype=np.float32)).reshape(old.shape)
-    with jax.default_device(jax.devices("cpu")[0]):  # recorded on CPU: an accelerator may sum in another order
+    with jax.default_device(jax.devices("cpu")[0]):  # recorded on CPU (an accelerator sums in another order)
         loss = cispo_loss(logp, old, np.asarray(mb.advantages), np.asarray(mb.loss_mask),
                           num_tokens=np.asarray(mb.num_tokens))
     return float(np.asarray(loss)).hex()
@@ -179,4 +179,13 @@ def test_packed_arrays_and_losses_match_the_recorded_digests(bpe):
     observed = _observed(bpe)
     if not RECORDED:
         pytest.fail("RECORDED = " + repr(observed))
-    assert observed == RECORDED
+    assert observed.keys() == RECORDED.keys()
+    for key, want in RECORDED.items():
+        got = observed[key]
+        # The packed arrays must not move a bit. The loss is summed by XLA:CPU in an order that follows the host's
+        # vector width (CI's CPU differs from the one that recorded it by ~20 ulp), so it is held to 1e-5 relative:
+        # a changed advantage or mask moves it by far more.
+        assert got.split(":")[0] == want.split(":")[0], key
+        if ":" in want:
+            got_loss, want_loss = float.fromhex(got.split(":")[1]), float.fromhex(want.split(":")[1])
+            assert got_loss == pytest.approx(want_loss, rel=1e-5, abs=0.0), key
