@@ -10,6 +10,9 @@ If a worker dies (or is killed), every request in flight on it fails with :class
 marked failed (later requests on them raise :class:`TreeFailed`, so the runtime scores them as failures instead
 of hanging), and a fresh worker replaces it for new trees.
 
+Every value and callback payload the client receives has its strings made valid UTF-8 (``envs_py.text.valid_tree``):
+cell output, errors, finish messages and observations are text a cell or a reply wrote, and reach the runtime as data.
+
 Client and worker talk over a socketpair with 4-byte-length-prefixed pickle frames: both ends are our own
 trusted code (model-written code never runs in a worker; it runs in the sandboxes the worker starts).
 """
@@ -27,6 +30,8 @@ import struct
 import subprocess
 import sys
 from typing import Any, Awaitable, Callable
+
+from envs_py.text import valid_tree
 
 _HDR = struct.Struct("<I")
 ENV_FACTORIES: dict[str, str] = {"textcraft": "envs_py.textcraft.session:TextCraftSession.from_task"}
@@ -163,6 +168,16 @@ class _Worker:
         self.reader_task: asyncio.Task | None = None
 
 
+def _valid_error(exc: BaseException) -> BaseException:
+    """Returns a worker's exception with the strings of its ``args`` made valid UTF-8 (its message may quote what a
+    cell wrote); the same exception object, its type kept."""
+    try:
+        exc.args = valid_tree(exc.args)
+    except Exception:  # noqa: BLE001  (an exception type that refuses new args keeps its own)
+        pass
+    return exc
+
+
 class WorkerPool:
     """Async client of ``n`` env worker processes. Trees are pinned to a worker when created.
 
@@ -217,7 +232,9 @@ class WorkerPool:
                 fut = w.pending.pop(msg["id"], None)
                 w.handlers.pop(msg["id"], None)
                 if fut is not None and not fut.done():
-                    fut.set_result(msg["value"]) if msg["ok"] else fut.set_exception(msg["error"])
+                    # A world's strings come from cells and replies: valid UTF-8 from here on (envs_py/text.py).
+                    fut.set_result(valid_tree(msg["value"])) if msg["ok"] else fut.set_exception(
+                        _valid_error(msg["error"]))
         except (asyncio.IncompleteReadError, ConnectionError, EOFError, pickle.UnpicklingError):
             pass
         self._worker_died(w)
@@ -248,7 +265,7 @@ class WorkerPool:
         try:
             if handler is None:
                 raise RuntimeError(f"no handler for callback {msg['name']!r}")
-            payload = msg["payload"]
+            payload = dict(valid_tree(msg["payload"]))
             value = await handler(payload.pop("agent_id"), payload)
             reply = {"cb": msg["cb"], "ok": True, "value": value}
         except Exception as e:  # noqa: BLE001  (the cell sees the error string)

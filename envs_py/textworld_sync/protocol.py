@@ -2,7 +2,8 @@
 
 `parse_reply(text)` never raises: anything malformed becomes kind "invalid" with a clear error text and the
 best-effort fallback command the reference runner would send to the world (which costs that agent a turn and,
-when sent, a global step).
+when sent, a global step). A delegated goal is text the policy wrote: JSON escapes can put lone surrogates in it, so
+it is made valid UTF-8 (``envs_py.text.valid_text``) before it becomes a child's task.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+
+from envs_py.text import valid_text
 
 DEFAULT_MAX_STEPS = 20
 INVENTORY_FORMS = frozenset({"inventory", "view inventory", "check inventory"})
@@ -63,7 +66,7 @@ def is_inventory_command(command: str) -> bool:
 def parse_reply(text: object) -> Reply:
     """Returns the Reply parsed from one model response; malformed input gives kind 'invalid' with an error text."""
     try:
-        return _parse(str(text) if text is not None else "")
+        return _parse(valid_text(str(text)) if text is not None else "")
     except Exception as exc:  # noqa: BLE001  (untrusted input must never crash the runner)
         return Reply(kind="invalid", error=f"Invalid response: could not be parsed ({type(exc).__name__}). "
                                            + FORMAT_HINT)
@@ -115,6 +118,7 @@ def _parse_delegate(text: str, content: str) -> Reply:
         goal = item.get("goal")
         if not isinstance(goal, str) or not goal.strip():
             return _invalid(text, f"{where} needs a non-empty string 'goal'")
+        goal = valid_text(goal)  # JSON's \ud800 escapes make lone surrogates: the child's prompt must encode
         steps = item.get("max_steps", DEFAULT_MAX_STEPS)
         if steps is None:
             steps = DEFAULT_MAX_STEPS
