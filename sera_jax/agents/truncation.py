@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from sera_jax.model.tokenizer import render_chatml
-
 Message = Mapping[str, Any]
 
 
@@ -86,7 +84,8 @@ def continue_prompt(tokenizer: Any, prev: Prompt, completion_ids: Sequence[int],
         if body and body[-1] in tokenizer.stop_ids:
             return None
         body.append(end)
-    tail = tokenizer.encode("\n" + render_chatml(messages[n + 1:], add_generation_prompt=True))
+    # The newline after the <|im_end|> is the template's; the messages' contents are plain text (never control tokens).
+    tail = tokenizer.encode_chat(messages[n + 1:], add_generation_prompt=True, prefix="\n")
     ids = list(prev.ids) + body + tail
     if len(ids) > max_prompt_tokens:
         return None

@@ -17,17 +17,35 @@ Qwen3-Instruct-2507 is a non-thinking model and inserts no default system prompt
   one id each. :func:`train_sentencepiece` trains such a model with the options that also keep newlines and spaces
   intact (identity normalisation, no dummy prefix, byte fallback).
 
-Encoding always splits special-token strings out of the text (as Qwen's tokenizer does), so
-``encode(render_chat(messages))`` is exactly the id sequence that transformers' ``apply_chat_template`` produces.
+``encode(text)`` splits special-token strings out of raw text (as Qwen's tokenizer does): it is for text the caller
+owns, such as a raw completions prompt. ``encode_chat(messages)`` keeps the template's own markers special and
+encodes every message's *content* as plain text: a cell output, an observation or a served message that holds
+``<|im_end|>`` or ``<|im_start|>system`` gets ordinary pieces for those characters, never a control token (the HF
+path encodes content with special-token matching off, as transformers' ``split_special_tokens``; the sentencepiece
+path breaks each user-defined symbol's string before encoding, since sentencepiece always matches them). For content
+without special-token strings, ``encode_chat(messages)`` is exactly ``encode(render_chat(messages))``, the id
+sequence of transformers' ``apply_chat_template``.
+
+No encode raises on a string: surrogate code points (a lone ``\ud800`` a cell printed), which no UTF-8 tokenizer can
+take, become U+FFFD first, the marker ``envs_py.text.valid_text`` uses at the runtime's boundary (the rule is
+repeated here because the model room imports no environment code).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from sera_jax.model.plain_text import (
+    breaks_pattern,
+    encode_fragments,
+    user_defined_symbols,
+    valid_text,
+)
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -45,6 +63,8 @@ class _Backend(Protocol):
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]: ...
 
+    def encode_plain_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str: ...
 
     def token_to_id(self, token: str) -> int | None: ...
@@ -61,12 +81,33 @@ class _HFBackend:
         except Exception as e:  # the Rust side raises a bare Exception on malformed files
             raise ValueError(f"{path}: not a readable Hugging Face tokenizer.json ({e})") from e
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # A second copy that never matches tokens flagged special (one flag per object, and prompts are encoded from
+        # several threads, so the flag is never toggled on the shared one).
+        self._plain = _RustTokenizer.from_str(self._tok.to_str())
+        self._plain.encode_special_tokens = True
+        self._breaks: re.Pattern | None = None
+
+    def set_controls(self, ids: Iterable[int]) -> None:
+        """Makes plain text break the strings of those control ``ids`` that the plain copy still matches (added tokens
+        a tokenizer.json did not flag special); returns None."""
+        strings = []
+        for i in sorted(set(ids)):
+            token = self._tok.id_to_token(i)
+            if token and self._plain.encode(token, add_special_tokens=False).ids == [i]:
+                strings.append(token)
+        self._breaks = breaks_pattern(strings)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+    def encode_plain_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if self._breaks is None:
+            return [e.ids for e in self._plain.encode_batch(list(texts), add_special_tokens=False)]
+        return encode_fragments(texts, self._breaks,
+                                lambda xs: [e.ids for e in self._plain.encode_batch(xs, add_special_tokens=False)])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -91,12 +132,18 @@ class _SPMBackend:
         self._special = frozenset(
             i for i in (self.token_to_id(t) for t in CHATML_SYMBOLS) if i is not None
         ) | frozenset(i for i in (self._sp.bos_id(), self._sp.eos_id(), self._sp.pad_id()) if i >= 0)
+        # sentencepiece matches user-defined symbols anywhere in text and has no switch to stop it: plain text gets
+        # each occurrence broken before it is encoded.
+        self._breaks = breaks_pattern(user_defined_symbols(self._sp, CHATML_SYMBOLS))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._sp.Encode(text, out_type=int, add_bos=add_special_tokens and self._sp.bos_id() >= 0)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
         return self._sp.Encode(list(texts), out_type=int, add_bos=add_special_tokens and self._sp.bos_id() >= 0)
+
+    def encode_plain_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return encode_fragments(texts, self._breaks, lambda xs: self._sp.Encode(xs, out_type=int))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         ids = [int(i) for i in ids]
@@ -134,16 +181,22 @@ class Tokenizer:
     _backend: _Backend = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Returns the token ids of ``text``; special-token strings in it (``<|im_start|>``…) become their single ids.
+        """Returns the token ids of raw ``text``; special-token strings in it (``<|im_start|>``…) become their single
+        ids (for text the caller owns: a conversation's content goes through :meth:`encode_chat`).
 
         ``add_special_tokens`` applies the tokenizer's own post-processing (Qwen's adds nothing; a sentencepiece model
-        with a bos piece gets it prepended).
+        with a bos piece gets it prepended). Surrogate code points are encoded as U+FFFD.
         """
-        return self._backend.encode(text, add_special_tokens)
+        return self._backend.encode(valid_text(text), add_special_tokens)
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         """Returns ``[encode(t) for t in texts]``, computed in one native call."""
-        return self._backend.encode_batch(texts, add_special_tokens)
+        return self._backend.encode_batch([valid_text(t) for t in texts], add_special_tokens)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Returns the token ids of ``text`` as plain text: no special-token string in it becomes a special id (the
+        encoding of a message's content; surrogate code points as U+FFFD)."""
+        return self._backend.encode_plain_batch([valid_text(text)])[0]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Returns the text of ``ids``; with ``skip_special_tokens`` the special/ChatML tokens are left out."""
@@ -162,14 +215,37 @@ class Tokenizer:
         """
         return render_chatml(messages, add_generation_prompt)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Returns the token ids of :meth:`render_chat` (what ``apply_chat_template(..., tokenize=True)`` gives)."""
-        return self._backend.encode(render_chatml(messages, add_generation_prompt), False)
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *,
+                    prefix: str = "") -> list[int]:
+        """Returns the token ids of the ChatML conversation :meth:`render_chat` writes, with the template's markers
+        as their special ids and each message's content encoded as plain text (:meth:`encode_plain`): a
+        special-token string in content is ordinary pieces, never a control token. For content without such strings
+        this is exactly ``encode(render_chat(messages))``, what ``apply_chat_template(..., tokenize=True)`` gives.
+
+        ``prefix`` is template text encoded (as raw text) before the first message, e.g. the ``"\\n"`` that follows a
+        sampled ``<|im_end|>`` when a conversation is continued token by token. Raises as :meth:`render_chat`.
+        """
+        turns = _checked(messages)
+        b = self._backend
+        bodies = b.encode_plain_batch([f"{role}\n{valid_text(content)}" for role, content in turns]
+                                      + ["\n", "assistant\n"])
+        newline, generation = bodies[-2], bodies[-1]
+        ids = b.encode(valid_text(prefix), False) if prefix else []
+        for body in bodies[:-2]:
+            ids.append(self.im_start_id)
+            ids.extend(body)
+            ids.append(self.im_end_id)
+            ids.extend(newline)
+        if add_generation_prompt:
+            ids.append(self.im_start_id)
+            ids.extend(generation)
+        return ids
 
 
-def render_chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-    """Returns the ChatML rendering of ``messages`` (see :meth:`Tokenizer.render_chat`)."""
-    parts = []
+def _checked(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The (role, content) pairs of ``messages``; ValueError for an unknown role or a malformed message, TypeError
+    for non-str content."""
+    out = []
     for k, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
             raise ValueError(f"message {k} must be a dict with 'role' and 'content', got {m!r}")
@@ -178,7 +254,13 @@ def render_chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: 
             raise ValueError(f"message {k}: unknown role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
         if not isinstance(content, str):
             raise TypeError(f"message {k}: content must be str, got {type(content).__name__}")
-        parts.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+        out.append((role, content))
+    return out
+
+
+def render_chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    """Returns the ChatML rendering of ``messages`` (see :meth:`Tokenizer.render_chat`)."""
+    parts = [f"{IM_START}{role}\n{content}{IM_END}\n" for role, content in _checked(messages)]
     if add_generation_prompt:
         parts.append(f"{IM_START}assistant\n")
     return "".join(parts)
@@ -271,6 +353,7 @@ def _load_hf(path: Path) -> Tokenizer:
     gen_eos = [gen_eos] if isinstance(gen_eos, int) else [i for i in gen_eos if isinstance(i, int)]
     stops = {im_end, eos, *gen_eos} | ({endoftext} if endoftext is not None else set())
     template = config.get("chat_template")
+    backend.set_controls({im_start, im_end, eos, pad, *stops})
     return Tokenizer(
         path=path, kind="hf", vocab_size=backend.vocab_size, eos_id=eos, pad_id=pad, im_start_id=im_start,
         im_end_id=im_end, endoftext_id=endoftext, stop_ids=tuple(sorted(stops)),

@@ -69,13 +69,29 @@ def _hf_chat_ids(hf_tok, messages, add_generation_prompt):
     return list(ids)
 
 
+def _hf_plain_content_chat_ids(hf_tok, messages, add_generation_prompt):
+    """ChatML ids built by transformers with each message's text encoded with ``split_special_tokens=True``."""
+    def plain(text):
+        return hf_tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    start, end = hf_tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    ids = []
+    for m in messages:
+        ids += [start] + plain(m["role"] + "\n" + m["content"]) + [end] + plain("\n")
+    return ids + ([start] + plain("assistant\n") if add_generation_prompt else [])
+
+
 # --- Hugging Face tokenizer.json --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 @pytest.mark.parametrize("gen", [True, False], ids=["gen", "nogen"])
 def test_chat_ids_equal_transformers_apply_chat_template(tok, hf_tok, name, gen):
     messages = CONVERSATIONS[name]
-    expected = _hf_chat_ids(hf_tok, messages, gen)
+    if name == "specials_in_content":  # content is plain text here: transformers' split_special_tokens, per message
+        expected = _hf_plain_content_chat_ids(hf_tok, messages, gen)
+        assert expected != _hf_chat_ids(hf_tok, messages, gen)
+    else:
+        expected = _hf_chat_ids(hf_tok, messages, gen)
     assert tok.encode_chat(messages, add_generation_prompt=gen) == expected
     assert tok.render_chat(messages, add_generation_prompt=gen) == hf_tok.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=gen)
@@ -218,12 +234,16 @@ def test_spm_directory_form(spm_path):
 def test_spm_chat_ids_and_round_trip(spm_tok, spm_path, name, gen):
     messages = CONVERSATIONS[name]
     ids = spm_tok.encode_chat(messages, add_generation_prompt=gen)
-    if name != "specials_in_content":  # literal symbols in content would be split out by both sides anyway
+    if name != "specials_in_content":  # sentencepiece itself would make the content's symbols control ids
         assert ids == _spm_expected_chat_ids(spm_path, messages, gen)
     assert ids.count(spm_tok.im_start_id) == len(messages) + gen
     assert spm_tok.decode(ids) == render_chatml(messages, gen)
+    assert ids.count(spm_tok.im_end_id) == len(messages) and spm_tok.endoftext_id not in ids
     plain = spm_tok.decode(ids, skip_special_tokens=True)
-    assert not re.search(r"<\|(im_start|im_end|endoftext)\|>", plain)
+    if name == "specials_in_content":  # content's marker strings are plain text: they survive skip_special_tokens
+        assert messages[0]["content"] in plain
+    else:
+        assert not re.search(r"<\|(im_start|im_end|endoftext)\|>", plain)
 
 
 def test_spm_model_trained_by_hand(tmp_path):
