@@ -82,7 +82,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-from collections.abc import Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -353,9 +354,17 @@ def tree_from_dict(data: dict[str, Any]) -> Tree:
     return _from(Tree, data)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps_tree(tree: Tree) -> str:
-    """Returns one JSONL line (no trailing newline) holding the tree."""
-    return json.dumps(tree_to_dict(tree), ensure_ascii=False, sort_keys=True)
+    """Returns one JSONL line (no trailing newline) holding the tree, valid UTF-8 whatever its strings hold: a
+    surrogate code point (a lone ``\\ud800`` a cell printed) is written as its JSON escape, which reads back as the
+    same string (a pair of them as the character they encode)."""
+    line = json.dumps(tree_to_dict(tree), ensure_ascii=False, sort_keys=True)
+    if _SURROGATE.search(line) is None:
+        return line
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", line)  # only ever inside a JSON string
 
 
 def loads_tree(line: str) -> Tree:
@@ -363,14 +372,26 @@ def loads_tree(line: str) -> Tree:
     return tree_from_dict(json.loads(line))
 
 
-def write_jsonl(trees: Iterable[Tree], dest: str | Path | TextIO) -> int:
-    """Writes one tree per line to a path (appending) or an open text stream; returns the number written."""
+def write_jsonl(trees: Iterable[Tree], dest: str | Path | TextIO, *,
+                on_error: Callable[[Tree, Exception], None] | None = None) -> int:
+    """Writes one tree per line to a path (appending) or an open text stream; returns the number written.
+
+    A string never fails (see :func:`dumps_tree`). A tree holding a value JSON cannot (TypeError, ValueError,
+    RecursionError) raises, or, given ``on_error``, is passed to ``on_error(tree, exc)`` and left out, so the other
+    trees are still written; no partial line is ever written."""
     if isinstance(dest, (str, Path)):
         with open(dest, "a", encoding="utf-8") as fh:
-            return write_jsonl(trees, fh)
+            return write_jsonl(trees, fh, on_error=on_error)
     n = 0
     for tree in trees:
-        dest.write(dumps_tree(tree) + "\n")
+        try:
+            line = dumps_tree(tree)
+        except (TypeError, ValueError, RecursionError) as e:
+            if on_error is None:
+                raise
+            on_error(tree, e)
+            continue
+        dest.write(line + "\n")
         n += 1
     return n
 

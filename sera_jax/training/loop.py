@@ -95,6 +95,9 @@ class StepOutcome:
     metrics: dict[str, Any]
 
 
+RECORD_ERROR = "RecordError"  # the infrastructure reason of a tree the loop could not record
+
+
 @dataclasses.dataclass
 class Loop:
     """The pieces one training run wires together (``training/build.py`` builds them from a config)."""
@@ -208,15 +211,17 @@ class Loop:
         if "engine_busy_fraction" in eff:
             metrics["rollout/engine_busy_fraction"] = eff["engine_busy_fraction"]
         metrics.update({f"agents/{k[6:]}": v for k, v in eff.items() if k.startswith("agent_")})
+        # First, so the trees it could not record count as infrastructure failures below.
+        unrecorded = self._write_trees(trees) if self.trees_dir is not None else 0
+        stats["unrecorded_trees"] = unrecorded  # of infra_failed_trees (a multi-host step sums every process's)
         local_trees = tree_metrics(trees, env=self.env)
-        if local_trees.get("infra_failed_trees"):  # this process's trees (a multi-host record counts all)
-            first = next(t.misc[infra.INFRA_KEY] for t in trees if infra.failed(t)).split("; ")[0][:160]
-            self.log(f"version {self.version}: {local_trees['infra_failed_trees']:.0f} trees failed by "
-                     f"infrastructure, kept out of credit (first: {first})")
-        if self.trees_dir is not None:
-            Path(self.trees_dir).mkdir(parents=True, exist_ok=True)
-            write_jsonl(trees, Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}"
-                                                      f"{self.trees_suffix}.jsonl")
+        # Trees failed in their rollout (this process's; a multi-host record counts all). A tree failed only in its
+        # record was credited when its group finished and keeps that credit (_write_trees logs it).
+        rollout_failed = [t for t in trees if infra.failed(t) and not t.misc[infra.INFRA_KEY].startswith(RECORD_ERROR)]
+        if rollout_failed:
+            first = rollout_failed[0].misc[infra.INFRA_KEY].split("; ")[0][:160]
+            self.log(f"version {self.version}: {len(rollout_failed)} trees failed by infrastructure, kept out of "
+                     f"credit (first: {first})")
         shared = None
         if multi:
             # Waited for off the event loop: groups the staleness bound carries across the update keep generating.
@@ -235,6 +240,7 @@ class Loop:
                                                             rubric_step_scope=step_scope)}
         else:
             metrics.update(local_trees)
+            metrics["unrecorded_trees"] = float(unrecorded)
             metrics.update(_reward_stats(groups))
             metrics.update(token_staleness(groups, self.version))
         n_groups = shared.groups if shared is not None else len(groups)
@@ -350,6 +356,30 @@ class Loop:
             log(f"warm-up: {out.get('engine_executables', 0):.0f} engine executables in {out['seconds']:.1f} s; "
                 f"{len(shapes)} train step shapes compiling in the background")
         return out
+
+    def _write_trees(self, trees: list) -> int:
+        """Appends the attempt's trees to its JSONL file; returns how many it could not record. Such a tree is an
+        infrastructure failure (``infra_failed_trees``; logged), never an exception out of the step. Its credit was
+        assigned when its group finished and stands: strings always record (``records.dumps_tree``), so what is
+        left is a value JSON cannot hold, a program's error rather than the policy's."""
+        unrecorded = []
+
+        def failed(tree: Any, exc: BaseException) -> None:
+            infra.mark_tree(tree, f"{RECORD_ERROR}: the tree could not be recorded ({type(exc).__name__}: {exc})"[:240])
+            unrecorded.append(tree.id)
+
+        path = Path(self.trees_dir) / f"v{self.version:06d}_{self.skipped_steps:04d}{self.trees_suffix}.jsonl"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_jsonl(trees, path, on_error=failed)
+        except OSError as e:  # the file itself: no tree of the attempt is recorded
+            unrecorded.clear()
+            for tree in trees:
+                failed(tree, e)
+        if unrecorded:
+            self.log(f"version {self.version}: {len(unrecorded)} trees could not be recorded in {path} "
+                     f"(first: {unrecorded[0]})")
+        return len(unrecorded)
 
     def _skip(self, stage: str, metrics: dict[str, Any], reason: str) -> StepOutcome:
         self.skipped_steps += 1

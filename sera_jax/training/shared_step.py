@@ -22,22 +22,41 @@ lockstep; none is behind ``process_index() == 0``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Sequence
 
 import numpy as np
 
+from sera_jax.agents.infra import INFRA_KEY
 from sera_jax.agents.records import Tree, tree_from_dict, tree_to_dict
 from sera_jax.rl.baselines import GroupCredit, depth_histogram, step_rubric_rewards
 from sera_jax.rl.batch import count_loss_tokens
 
 SUMMED_STATS = ("groups_started", "groups_rejected", "groups_speculative", "groups_cancelled", "groups_carried",
-                "groups_stale_dropped", "trees")
+                "groups_stale_dropped", "trees", "unrecorded_trees")
 
 
 def light_tree(tree: Tree) -> dict[str, Any]:
     """Returns a tree's record without its turns (token ids and logprobs): what step metrics read, small enough to
-    gather every step."""
-    d = tree_to_dict(tree)
+    gather every step. Always JSON-able: a value JSON cannot hold (the case ``Loop._write_trees`` counts as a tree it
+    could not record) is gathered as its ``repr``, and a record that still fails keeps only its infrastructure
+    reason in its ``misc`` fields, so one tree never stops the exchange."""
+    try:
+        d = _without_turns(tree_to_dict(tree))
+        json.dumps(d)
+        return d
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        return json.loads(json.dumps(_without_turns(tree_to_dict(tree)), default=repr))
+    except (TypeError, ValueError, RecursionError):
+        bare = dataclasses.replace(
+            tree, misc={k: v for k, v in tree.misc.items() if k == INFRA_KEY},
+            nodes={k: dataclasses.replace(n, turns=[], misc={}) for k, n in tree.nodes.items()})
+        return json.loads(json.dumps(tree_to_dict(bare), default=repr))
+
+
+def _without_turns(d: dict[str, Any]) -> dict[str, Any]:
     for node in d["nodes"].values():
         node["turns"] = []
     return d
