@@ -30,8 +30,9 @@ class AgentRecord:
 
 
 def check_agent(record: AgentRecord, inventory: Mapping[str, int]) -> CheckResult:
-    """Returns success iff the agent finished with a non-empty message and every target's net increase
-    (current count minus the count at the agent's start) reaches its required amount."""
+    """Returns success iff the agent has at least one target, finished with a non-empty message, and every target's
+    net increase (current count minus the count at the agent's start) reaches its required amount. An agent with no
+    targets has been asked for nothing, so finishing cannot earn it a success label."""
     missing = {}
     for item, need in record.targets.items():
         gained = inventory.get(item, 0) - record.start_inventory.get(item, 0)
@@ -41,6 +42,8 @@ def check_agent(record: AgentRecord, inventory: Mapping[str, int]) -> CheckResul
                "final_inventory": dict(inventory)}
     if missing:
         details["missing_items"] = missing
+    if not any(need > 0 for need in record.targets.values()):
+        return CheckResult(False, "the agent has no targets, so nothing it does counts as success", details)
     if not record.finish_message:
         reason = "ended without calling finish()" if record.finish_message is None else \
             "finish() was called with an empty message, which counts as not finishing"

@@ -1,8 +1,10 @@
 """One TextCraft tree as hosted by an env worker: the world plus one sandbox per agent.
 
 ``run_cell`` executes an agent's code in that agent's sandbox; the cell's tool calls come back as RPCs and are
-validated and applied here, against the world. ``launch_subagent`` is validated (argument types, depth limit)
-and then handed to the runtime's ``launch`` callback, whose string is the call's return value.
+validated and applied here, against the world. ``launch_subagent`` is validated once, strictly
+(``TextCraftWorld.subagent_request``: known item names to positive ints, the depth limit) and then handed to the
+runtime's ``launch`` callback, whose string is the call's return value; a malformed request is the error string the
+cell receives, and ``run_cell`` counts them (``invalid_launches``, the first errors in ``invalid_launch_errors``).
 """
 
 from __future__ import annotations
@@ -46,12 +48,16 @@ class TextCraftSession:
             sb = await self.pool.acquire() if self.pool is not None else Sandbox(SYNC_TOOLS, ASYNC_TOOLS, self.limits)
             self.sandboxes[agent_id] = sb
 
+        invalid: list[str] = []  # the cell's launch requests refused as malformed (counted in the turn's record)
+
         async def launch_tool(args: tuple, kwargs: dict) -> str:
             try:
                 req = self.world.subagent_request(agent_id, *args, **kwargs)
             except TypeError as e:
-                return f"Error: launch_subagent() {str(e).split('() ', 1)[-1]}"
+                req = {"error": f"Error: launch_subagent() {str(e).split('() ', 1)[-1]}"}
             if "error" in req:
+                if not req["error"].startswith("Not enough budget"):  # the depth refusal is a well-formed request
+                    invalid.append(req["error"])
                 return req["error"]
             if launch is None:
                 return "Error: launch_subagent is not available here"
@@ -63,7 +69,8 @@ class TextCraftSession:
             return self.world.call_tool(agent_id, name, args, kwargs)
 
         result = await sb.run_cell(code, handler)
-        return {**dataclasses.asdict(result), "finished": self.world.finished(agent_id)}
+        return {**dataclasses.asdict(result), "finished": self.world.finished(agent_id),
+                "invalid_launches": len(invalid), "invalid_launch_errors": invalid[:4]}
 
     async def close(self) -> None:
         """Stops every sandbox of the tree."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Callable, Mapping
 
 from envs_py.core import CheckResult, StepResult, Task
@@ -22,7 +21,15 @@ ROOT = "root"
 SYNC_TOOLS = ("get_info", "view_inventory", "craft", "finish")
 ASYNC_TOOLS = ("launch_subagent",)
 MAX_SUBAGENT_DEPTH = 3
-_GOAL_ITEM = re.compile(r"(\d+)x\s+([a-z0-9_]+)")
+MAX_TARGETS = 16  # distinct items one launch may ask for (a task has one or a few)
+MAX_TARGET_COUNT = 10_000  # a count past any inventory the worlds generate; keeps the goal text bounded
+CONTEXT_SEP = "\n\nContext provided from parent agent: "
+
+
+def _shown(name: str, limit: int = 60) -> str:
+    """A model-written name as an error text quotes it: repr (escapes visible), cut to ``limit`` characters."""
+    text = repr(name)
+    return text if len(text) <= limit else text[:limit] + "...'"
 
 
 class TextCraftWorld:
@@ -120,28 +127,52 @@ class TextCraftWorld:
         return rec
 
     def subagent_request(self, agent_id: str, targets: Any, context: Any = "") -> dict:
-        """Validates a ``launch_subagent(targets, context)`` call; returns ``{"goal", "targets", "depth"}`` or
-        ``{"error": text}`` (the string the calling cell receives, e.g. the depth refusal)."""
+        """Validates a ``launch_subagent(targets, context)`` call, once and strictly; returns
+        ``{"goal", "targets", "context", "depth"}`` or ``{"error": text}`` (the string the calling cell receives).
+
+        ``targets`` must be a non-empty dict mapping item names this world knows (exactly: no case-folding, no
+        trimming) to ints in ``1..MAX_TARGET_COUNT`` (a bool is not a count), at most ``MAX_TARGETS`` of them;
+        ``context`` a string. The returned targets are a copy of the validated dict, and the goal text is rendered
+        from them (never parsed back), so the child is checked on exactly what the parent asked for.
+        """
         rec = self.agents.get(agent_id)
         if rec is None:
             return {"error": f"Error: unknown agent {agent_id!r}"}
-        if not isinstance(targets, dict) or not targets:
-            return {"error": "Error: launch_subagent targets must be a non-empty dict of {item_name: count}"}
-        for k, v in targets.items():
-            if not isinstance(k, str) or not isinstance(v, int) or v <= 0:
-                return {"error": "Error: launch_subagent targets must map item names (str) to positive ints"}
+        error = self.targets_error(targets)
+        if error is not None:
+            return {"error": error}
         if not isinstance(context, str):
             return {"error": f"Error: launch_subagent context must be a string, got {type(context).__name__}"}
+        targets = {str(k): int(v) for k, v in targets.items()}
         goal = goal_text(targets)
         if context:
-            goal += f"\n\nContext provided from parent agent: {context}"
+            goal += CONTEXT_SEP + context
         if rec.depth + 1 > self.max_subagent_depth:
             return {"error": f"Not enough budget to launch subagent for goal {goal}. Launching a subagent from depth "
                              f"{rec.depth} would exceed the maximum allowed depth of {self.max_subagent_depth}. The "
                              "maximum depth for hierarchical delegation has been reached. You should perform the "
                              "task yourself instead of delegating."}
-        parsed = {item: int(n) for n, item in _GOAL_ITEM.findall(goal.split("\n", 1)[0])}
-        return {"goal": goal, "targets": parsed, "depth": rec.depth + 1}
+        return {"goal": goal, "targets": targets, "context": context, "depth": rec.depth + 1}
+
+    def targets_error(self, targets: Any) -> str | None:
+        """Returns the ``Error: ...`` text a malformed ``launch_subagent`` targets argument gets, or None when it is
+        a non-empty dict of known item names (exact spelling) to positive int counts (not bools)."""
+        if not isinstance(targets, dict) or not targets:
+            return "Error: launch_subagent targets must be a non-empty dict of {item_name: count}"
+        if len(targets) > MAX_TARGETS:
+            return f"Error: launch_subagent takes at most {MAX_TARGETS} targets, got {len(targets)}"
+        for k, v in targets.items():
+            if not isinstance(k, str):
+                return f"Error: launch_subagent target names must be strings, got {type(k).__name__}"
+            if not (self.book.can_craft(k) or self.book.is_base_item(k)):
+                return (f"Error: launch_subagent target {_shown(k)} is not a known item (names are exact: "
+                        "check them with get_info)")
+            if isinstance(v, bool) or not isinstance(v, int):
+                return f"Error: launch_subagent count for {k} must be an int, got {type(v).__name__}"
+            if not 0 < v <= MAX_TARGET_COUNT:
+                got = v if v.bit_length() <= 64 else "a larger number"
+                return f"Error: launch_subagent count for {k} must be between 1 and {MAX_TARGET_COUNT}, got {got}"
+        return None
 
     # -- tools -------------------------------------------------------------------------------------------------
     def call_tool(self, agent_id: str, name: Any, args: Any = (), kwargs: Any = None) -> Any:

@@ -142,7 +142,8 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
 
 def tree_stats(tree: Tree) -> dict:
     """Returns counts over a tree: nodes, successful nodes, deepest depth, turns, generated turns and tokens,
-    delegations (accepted / refused), direct children of the root, and agents that ended with an error."""
+    delegations (accepted / refused), direct children of the root, agents that ended with an error, malformed
+    launch requests and cells stopped at a limit."""
     nodes = list(tree.nodes.values())
     turns = [t for n in nodes for t in n.turns]
     # A served model's own counts (its ``usage``): its text is re-encoded here, which may split differently.
@@ -160,6 +161,10 @@ def tree_stats(tree: Tree) -> dict:
         "refused_delegations": sum(1 for d in tree.delegations if d.kind == "refused"),
         "root_direct_children": sum(1 for n in nodes if n.parent_id == tree.root_id),
         "agent_errors": sum(1 for n in nodes if n.rollout_error_zero_reward),
+        # What the policy's cells tried that the host refused: launch requests the world found malformed (the cell
+        # got the error, nothing launched), and cells stopped at a limit (time, CPU, output, memory).
+        "invalid_launches": sum(int(t.misc.get("invalid_launches", 0)) for t in turns),
+        "cell_limit_stops": sum(1 for t in turns if t.misc.get("cell_limit")),
         **usage,
     }
 

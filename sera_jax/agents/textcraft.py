@@ -31,8 +31,6 @@ from sera_jax.agents.textcraft_prompt import (
     task_message,
 )
 
-CONTEXT_SEP = "\n\nContext provided from parent agent: "
-
 
 def task_string(goal: str, max_steps: int) -> str:
     """Returns an agent's task string: its goal and its budget line (docs/design/algorithm.md §1.1)."""
@@ -107,6 +105,9 @@ class CodeActEpisode(Episode):
             turn.misc["cell_limit"] = r["limit"]
         if r.get("restarted"):
             turn.misc["sandbox_restarted"] = True
+        if r.get("invalid_launches"):  # malformed launch_subagent requests: the cell got the error, nothing launched
+            turn.misc["invalid_launches"] = int(r["invalid_launches"])
+            turn.misc["invalid_launch_errors"] = [str(e)[:200] for e in r.get("invalid_launch_errors", ())]
         turn.reward_misc["reward/success"] = 0.0
         if r.get("finished"):
             status = await self.env.status(self.node.id)
@@ -131,8 +132,10 @@ class CodeActEpisode(Episode):
         """The cell's ``await launch_subagent(...)``: returns the text the cell receives."""
         run, parent = self.run, self.node
         fork_step = len(parent.turns)  # the current turn is appended after its cell: this is its index
+        # The world validated the request once (envs_py/textcraft/world.py subagent_request): its targets are the
+        # checked dict and its goal was rendered from them; nothing is parsed back out of the goal text.
         goal = str(req["goal"])
-        context = goal.split(CONTEXT_SEP, 1)[1] if CONTEXT_SEP in goal else ""
+        context = str(req.get("context", ""))
         depth = int(req.get("depth", parent.depth + 1))
         if depth > run.settings.max_depth:
             text = refusal_text(goal, parent.depth, run.settings.max_depth)

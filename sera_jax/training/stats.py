@@ -63,6 +63,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
     root_success, delegated, nodes, depth, tokens, errors = [], [], [], [], [], []
     rubric = {"rubric_calls": 0, "rubric_invalid": 0, "score_calls": 0, "score_invalid": 0}
     labels = 0
+    refused = {"invalid_launches": 0, "cell_limit_stops": 0}  # what the policy's cells tried that the host refused
     judge = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "unmetered_calls": 0}
     execution = {"labels": 0, "failures": 0, **judge}  # the execution judge's share (RAO family, TextWorld)
     aucs, accs = [], []
@@ -77,6 +78,8 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
         depth.append(stats.get("max_depth", max(idx.depth.values(), default=0)))
         tokens.append(stats.get("completion_tokens", 0))
         errors.append(stats.get("agent_errors", 0))
+        refused["invalid_launches"] += int(stats.get("invalid_launches", 0))
+        refused["cell_limit_stops"] += int(stats.get("cell_limit_stops", 0))
         rs = t.misc.get("rubric_stats", {})
         if "children" in rs:  # execution stage (RubricCoordinator): a rubric per child, a score per valid rubric
             rubric["rubric_calls"] += int(rs.get("children", 0) or 0)
@@ -117,6 +120,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
         "completion_tokens": float(np.sum(tokens)), "agent_errors": float(np.sum(errors)),
         # trees an env worker's or sandbox host's failure ended (agents/infra.py): recorded, not credited
         "infra_failed_trees": float(sum(infra.failed(t) for t in trees)),
+        **{k: float(v) for k, v in refused.items()},
         **{k: float(v) for k, v in rubric.items()},
         # Supervision: the environment's labels kind (agents.environments): TextCraft's are programmatic checks,
         # TextWorld's come from the judge.

@@ -16,12 +16,13 @@ import numpy as np
 
 from envs_py.textcraft import recipe_book
 from envs_py.textcraft.tasks import goal_text
+from envs_py.textcraft.world import CONTEXT_SEP
 from sera_jax.agents.harness import CURRENT_TURN
 from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.records import TreeIndex, Turn
 from sera_jax.agents.runtime import run_trees, start_pool
 from sera_jax.agents.scripted import ScriptedGenerator
-from sera_jax.agents.textcraft import CONTEXT_SEP, task_string
+from sera_jax.agents.textcraft import task_string
 from sera_jax.agents.textcraft_prompt import system_prompt, task_message
 from sera_jax.agents.truncation import build_prompt
 from sera_jax.assembly.settings import runtime_settings

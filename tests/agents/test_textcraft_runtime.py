@@ -62,7 +62,8 @@ def test_nested_delegation_to_depth_3_and_refusal_at_4(tc_task, tok):
     assert tree.misc["stats"] == {
         "nodes": 4, "subagent_nodes": 3, "successful_nodes": 4, "max_depth": 3, "turns": 8, "generated_turns": 8,
         "completion_tokens": sum(len(t.completion_ids) for n in tree.nodes.values() for t in n.turns),
-        "delegations": 3, "refused_delegations": 1, "root_direct_children": 1, "agent_errors": 0}
+        "delegations": 3, "refused_delegations": 1, "root_direct_children": 1, "agent_errors": 0,
+        "invalid_launches": 0, "cell_limit_stops": 0}
     # Labels: depth 3 crafted its target; the others finished with their target made by a descendant.
     assert [tree.nodes[n].env_labels["success"] for n in ("root", C1, C2, C3)] == [1.0, 1.0, 1.0, 1.0]
     assert tree.root.turns[-1].reward_misc["reward/success"] == 1.0
@@ -118,7 +119,10 @@ def test_malformed_replies_are_turn_errors(tc_task, tok):
     assert "ZeroDivisionError" in t[3].output
     assert "all_tasks" in t[4].output + t[4].error
     assert "Error: launch_subagent targets must be a non-empty dict" in t[5].output
-    assert "positive ints" in t[6].output
+    assert "count for o3_i1 must be between 1 and" in t[6].output
+    # Each malformed request is counted on its turn and in the tree's stats (nothing was launched).
+    assert [t[k].misc.get("invalid_launches", 0) for k in range(10)] == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0]
+    assert tree.misc["stats"]["invalid_launches"] == 2
     assert t[7].output == "cut off\n"  # the missing </python> is appended before parsing
     assert "os" in t[8].output + t[8].error
     assert list(tree.nodes) == ["root"] and not tree.root.rollout_error_zero_reward

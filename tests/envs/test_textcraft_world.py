@@ -53,7 +53,7 @@ def test_launch_validation_and_depth_limit():
     w = world()
     req = w.subagent_request("root", {"o3_i1": 4}, "use raw_o5")
     assert req == {"goal": "Craft the following items: 4x o3_i1\n\nContext provided from parent agent: use raw_o5",
-                   "targets": {"o3_i1": 4}, "depth": 1}
+                   "targets": {"o3_i1": 4}, "context": "use raw_o5", "depth": 1}
     assert "error" in w.subagent_request("root", ["o3_i1"])
     assert "error" in w.subagent_request("root", {"o3_i1": 0})
     assert "error" in w.subagent_request("root", {"o3_i1": 1}, 5)
