@@ -22,36 +22,41 @@ refuses to start, with :class:`SandboxRefused` naming what is missing; ``SERA_SA
 them, with a warning on every run. The first sandbox of a host process prints its layer report.
 
 The host treats the wire as hostile (``sandbox_protocol.py``): strict frame shapes, capped sizes and entries,
-bounded decoding time, a bounded inbox; a frame while no cell runs kills the sandbox, which is stopped (SIGSTOP)
-between cells; and whatever the sandbox sends, ``run_cell`` returns an observation, never raises. The child holds no
-world state: every tool call, ``launch_subagent`` included, is an RPC answered by the host's handler, which
-validates it. Per cell the child enforces CPU and wall-clock limits (the wall clock paused while awaiting async
-tools such as sub-agents) and an output cap; the host kills the process after wall + grace seconds (not counting
-time awaiting async tools), or on a crash or protocol violation, and starts a fresh one: the cell's observation says
-the namespace was lost.
+bounded decoding time, an inbox bounded in frames and bytes whose frames are decoded when read; a frame while no cell
+runs, or after the cell's ``done``, kills the sandbox, which is stopped (SIGSTOP) between cells; and whatever the
+sandbox sends, ``run_cell`` returns an observation, never raises. The child holds no world state: every tool call,
+``launch_subagent`` included, is an RPC answered by the host's handler, which validates it. Per cell the child
+enforces CPU and wall-clock limits (the wall clock paused while awaiting async tools such as sub-agents) and an output
+cap. The host bounds every cell whatever it does inside (issue #55; ``sandbox_budget.py``): its wall clock, paused
+only while one of the host's async tools is in flight and at most ``Limits.pause_cap_s`` per cell; its CPU, the
+sandbox process's own times plus the host's time serving its calls; the ``async`` flag of a call must be its tool's,
+and at most ``Limits.max_inflight`` async calls are in flight; a call's arguments hold at most 4,096 entries and a
+reply is at most 4 MiB. Past a budget, on a crash or a protocol violation, or when ``run_cell`` is cancelled (a tree's
+timeout), the host kills the process and starts a fresh one for the next cell: the observation says the namespace
+was lost, and ``CellResult.violation`` says why (each counted in ``VIOLATIONS`` and logged). Live sandboxes per host
+process are capped (``sandbox_slots.py``): a start past the cap waits for a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import json
 import os
 import subprocess
 import sys
 import threading
-from typing import Any, Callable
 
+from envs_py.sandbox_cell import VIOLATIONS, CellResult, Limits, ToolHandler, count, serve
 from envs_py.sandbox_process import CHILD, UNISOLATED_ENV, Forked, SandboxProcess, Zygote, child_options
-from envs_py.sandbox_protocol import MAX_FRAME, Inbox, FrameReader, Violation, check_frame, decode_value, encode
+from envs_py.sandbox_protocol import (MAX_FRAME, FrameReader, Inbox, Violation, check_frame, decode_frame,
+                                      decode_value, encode)
+from envs_py.sandbox_slots import SLOTS, set_max_live
 
-__all__ = ["CellResult", "Forked", "Limits", "MAX_FRAME", "Sandbox", "SandboxPool", "SandboxRefused", "Zygote",
-           "decode_value", "layer_report"]
-ToolHandler = Callable[[str, tuple, dict], Any]
+__all__ = ["CellResult", "Forked", "Limits", "MAX_FRAME", "Sandbox", "SandboxPool", "SandboxRefused", "VIOLATIONS",
+           "Zygote", "decode_value", "layer_report", "set_max_live"]
 _reported = threading.Lock()
 _REPORTED: set[int] = set()  # host pids that printed their layer report
-MAX_WRITE_BUFFER = 16 << 20  # tool replies the sandbox leaves unread
 
 
 class SandboxRefused(RuntimeError):
@@ -81,37 +86,12 @@ def _announce(info: dict) -> None:
     print(f"sera sandbox layers: {layer_report(info)}", file=sys.stderr, flush=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """Per-cell limits: CPU and wall seconds, address space, printed characters, host grace before a kill."""
-
-    cpu_s: float = 5.0
-    wall_s: float = 10.0
-    memory_mb: int = 1024
-    output_chars: int = 20000
-    grace_s: float = 2.0
-    lifetime_cpu_s: int = 3600
-
-
-@dataclasses.dataclass(frozen=True)
-class CellResult:
-    """One cell's observation: printed output (incl. last-expression value and traceback), error text, whether
-    it ran cleanly, the limit it broke (``cpu``/``wall``/``memory``/``output``/``killed``/``crashed``) if any,
-    and whether the sandbox process was replaced (namespace lost)."""
-
-    output: str
-    error: str = ""
-    ok: bool = True
-    limit: str | None = None
-    restarted: bool = False
-
-
 class Sandbox:
     """One agent's persistent sandbox process. ``await run_cell(code, handler)`` -> :class:`CellResult`.
 
     ``handler(name, args, kwargs)`` answers tool calls (sync or async function); its return value must be
     JSON-serialisable. Tools named in ``async_tools`` are coroutines in the cell (``await launch_subagent(...)``);
-    time spent awaiting them counts toward no wall-clock limit.
+    time spent awaiting them counts toward no wall-clock limit, up to ``limits.pause_cap_s`` per cell.
     """
 
     def __init__(self, sync_tools=(), async_tools=(), limits: Limits = Limits(),
@@ -120,6 +100,7 @@ class Sandbox:
                        "cpu_s": limits.cpu_s, "wall_s": limits.wall_s, "memory": limits.memory_mb << 20,
                        "out": limits.output_chars, "life_cpu": limits.lifetime_cpu_s}
         self.limits = limits
+        self.sync_tools, self.async_tools = frozenset(sync_tools), frozenset(async_tools)
         self.zygote = zygote and Zygote.available()
         self.proc: SandboxProcess | None = None
         self.info: dict = {}
@@ -127,6 +108,7 @@ class Sandbox:
         self._wtransport = None
         self._rtransport = None
         self._cells = 0
+        self._slot = False  # whether this sandbox holds one of the host's live-sandbox slots
         self._state = "idle"  # "starting" | "running" (frames expected) | "idle" (stopped; a frame kills it)
 
     @property
@@ -135,10 +117,21 @@ class Sandbox:
         return self.proc.pid if self.proc is not None else None
 
     async def start(self) -> dict:
-        """Starts the process if needed and waits for it to be locked down; returns its ready message (with its
-        ``layers``). Raises SandboxRefused where the machine cannot isolate it, RuntimeError if it fails to start."""
+        """Starts the process if needed (waiting for a live-sandbox slot if the host has none free) and waits for it
+        to be locked down; returns its ready message (with its ``layers``). Raises SandboxRefused where the machine
+        cannot isolate it, RuntimeError if it fails to start."""
         if self.proc is not None and self.proc.poll() is None:
             return self.info
+        if not self._slot:
+            await SLOTS.acquire()
+            self._slot = True
+        try:
+            return await self._start()
+        except BaseException:
+            self.kill()  # gives the slot back
+            raise
+
+    async def _start(self) -> dict:
         loop = asyncio.get_running_loop()
         if self.zygote:
             try:
@@ -161,11 +154,7 @@ class Sandbox:
         self._wtransport, _ = await loop.connect_write_pipe(asyncio.BaseProtocol, stdin)
         try:
             msg = await asyncio.wait_for(self._handshake(proc, inbox), timeout=30)
-        except SandboxRefused:
-            self.kill()
-            raise
         except (asyncio.TimeoutError, ValueError) as e:
-            self.kill()
             raise RuntimeError(f"sandbox process failed to start: {e}") from None
         self.info = msg
         self._cells = 0
@@ -177,10 +166,12 @@ class Sandbox:
     async def _handshake(self, proc: SandboxProcess, inbox: Inbox) -> dict:
         """Returns the ready message, having adopted the sandbox proper named by its keeper's jail frame."""
         while True:
-            msg = await inbox.get()
-            if isinstance(msg, Violation):
-                raise ValueError(msg.why)
-            check_frame(msg, ("jail", "refused", "ready"))
+            item = await inbox.get()
+            if isinstance(item, Violation):
+                raise ValueError(item.why)
+            if type(item) is not bytes:
+                continue
+            msg = check_frame(decode_frame(item), ("jail", "refused", "ready"))
             if msg["t"] == "refused":
                 raise SandboxRefused(f"the sandbox refuses to run model-written code here: {msg['why']}. Set "
                                      f"{UNISOLATED_ENV}=1 to run it without these layers at your own risk.")
@@ -194,11 +185,12 @@ class Sandbox:
 
     def _between_cells(self) -> None:
         """A frame arrived while no cell runs (or the reader saw a violation): the sandbox is killed now."""
-        if self._state == "idle":
+        if self._state == "idle" and self.proc is not None:
+            count("protocol", "a frame while no cell was running (the next cell starts in a fresh namespace)")
             self.kill()
 
     def kill(self) -> None:
-        """Kills the process (if any); the next cell starts a fresh one."""
+        """Kills the process (if any) and gives its live-sandbox slot back; the next cell starts a fresh one."""
         if self.proc is not None:
             proc, self.proc = self.proc, None
             proc.kill()
@@ -209,6 +201,9 @@ class Sandbox:
             for t in (self._wtransport, self._rtransport):
                 if t is not None:
                     t.close()
+        if self._slot:
+            self._slot = False
+            SLOTS.release()
         self._state = "idle"
 
     async def close(self) -> None:
@@ -222,125 +217,44 @@ class Sandbox:
 
     async def run_cell(self, code: str, handler: ToolHandler) -> CellResult:
         """Runs one cell in this agent's namespace; returns its observation (never raises on cell behaviour,
-        whatever the sandbox sends; SandboxRefused if a sandbox cannot be started here)."""
+        whatever the sandbox sends; SandboxRefused if a sandbox cannot be started here). Cancelled (a tree's
+        timeout), it kills the sandbox before it re-raises: nothing of the cell runs on."""
         restarted = False
         if self.proc is None or self.proc.poll() is not None:
             restarted = self._cells > 0  # it died between cells (or was killed for writing then): say so
             self.kill()
             await self.start()
         self._cells += 1
+        self._inbox.clear()  # nothing of an earlier cell (a stale timer, a late call's end) reaches this one
         self._state = "running"
         self.proc.cont()
         self._send({"t": "cell", "n": self._cells, "code": code if isinstance(code, str) else str(code)})
         try:
-            result = await self._serve(handler, restarted)
+            result = await serve(self, handler, restarted)
+        except asyncio.CancelledError:
+            count("cancelled", "run_cell cancelled; its sandbox is stopped")
+            self.kill()
+            raise
         except Exception as e:  # noqa: BLE001  (the host never raises on what a sandbox sends)
-            result = self._lost("killed", f"Error: protocol violation ({type(e).__name__}) while running the cell.")
+            result = self._violation("protocol", f"protocol violation ({type(e).__name__})")
         if self.proc is not None:
             self._state = "idle"
             self.proc.stop()
+            self._inbox.clear()
         return result
 
-    async def _serve(self, handler: ToolHandler, restarted: bool) -> CellResult:
-        loop = asyncio.get_running_loop()
-        inbox = self._inbox
-        budget = self.limits.wall_s + self.limits.grace_s  # wall seconds left, not counting awaited async tools
-        started = loop.time()
-        token = object()  # this cell's timeout marker (a stale marker of an earlier cell is ignored)
-        timer = loop.call_at(started + budget, inbox.put, token)
-        inflight: dict[int, asyncio.Future] = {}
-        try:
-            while True:
-                msg = await inbox.get()
-                if isinstance(msg, tuple):  # an async tool call finished
-                    cid, fut = msg
-                    if inflight.pop(cid, None) is not None:
-                        self._reply(cid, fut)
-                        if not inflight:  # the wall clock runs again
-                            started = loop.time()
-                            timer = loop.call_at(started + budget, inbox.put, token)
-                    continue
-                if msg is token:
-                    if inflight:
-                        continue
-                    return self._lost("killed", f"Error: the cell exceeded its wall-clock limit "
-                                      f"({self.limits.wall_s:g} s) and did not stop; the sandbox was killed.")
-                if isinstance(msg, Violation):
-                    why, detail = ("crashed", msg.why) if msg.closed else ("killed", f"protocol violation ({msg.why})")
-                    return self._lost(why, f"Error: {detail} while running the cell.")
-                if type(msg) is not dict:
-                    continue  # a stale timeout marker of an earlier cell
-                try:
-                    check_frame(msg, ("call", "done"))
-                    if msg["t"] == "done" and msg["n"] != self._cells:
-                        raise ValueError("a done frame for another cell")
-                    if msg["t"] == "call" and msg["id"] in inflight:
-                        raise ValueError("a call id already in flight")
-                except ValueError as e:
-                    return self._lost("killed", f"Error: protocol violation ({e}) while running the cell.")
-                if msg["t"] == "done":
-                    return CellResult(msg["out"][: self.limits.output_chars + 200], msg["err"][:4000], msg["ok"],
-                                      msg.get("limit"), restarted)
-                if self._wtransport is not None and self._wtransport.get_write_buffer_size() > MAX_WRITE_BUFFER:
-                    return self._lost("killed", "Error: protocol violation (tool replies left unread) while "
-                                      "running the cell.")
-                cid = msg["id"]
-                try:
-                    args = decode_value(msg["a"])
-                    kwargs = decode_value(msg["k"])
-                    if not isinstance(args, list) or not isinstance(kwargs, dict) or \
-                            not all(isinstance(k, str) for k in kwargs):
-                        raise ValueError("malformed call")
-                except (ValueError, RecursionError) as e:
-                    self._send({"t": "ret", "id": cid, "err": f"bad tool call: {e}"})
-                    continue
-                if msg["async"]:
-                    if not inflight:  # stop the wall clock while awaiting (e.g. a sub-agent)
-                        timer.cancel()
-                        budget -= loop.time() - started
-                    fut = asyncio.ensure_future(_call(handler, msg["name"], tuple(args), kwargs))
-                    inflight[cid] = fut
-                    fut.add_done_callback(lambda f, cid=cid: inbox.put((cid, f)))
-                    continue
-                try:
-                    value = handler(msg["name"], tuple(args), kwargs)
-                    if inspect.isawaitable(value):
-                        value = await value
-                    self._send_value(cid, value)
-                except Exception as e:  # noqa: BLE001  (a handler bug becomes the cell's exception)
-                    self._send({"t": "ret", "id": cid, "err": f"{type(e).__name__}: {e}"})
-        finally:
-            timer.cancel()
-            for fut in inflight.values():
-                fut.cancel()
-
-    def _send_value(self, cid: Any, value: Any) -> None:
-        try:
-            self._send({"t": "ret", "id": cid, "v": value})
-        except (TypeError, ValueError) as e:
-            self._send({"t": "ret", "id": cid, "err": f"tool result not serialisable: {e}"})
-
-    def _reply(self, cid: Any, fut: asyncio.Future) -> None:
-        if self.proc is None or fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is not None:
-            self._send({"t": "ret", "id": cid, "err": f"{type(exc).__name__}: {exc}"})
-        else:
-            self._send_value(cid, fut.result())
+    def _violation(self, kind: str, why: str) -> CellResult:
+        """Returns the observation of a cell the host failed (``kind``: see CellResult), counted and logged."""
+        count(kind, why)
+        result = self._lost("crashed" if kind == "crashed" else "killed", f"Error: {why} while running the cell."
+                            if kind in ("protocol", "crashed") else f"Error: {why}.")
+        return dataclasses.replace(result, violation=kind)
 
     def _lost(self, why: str, text: str) -> CellResult:
         self.kill()
         self._cells = 0  # this observation tells the agent; the next cell starts fresh without repeating it
         return CellResult("", text + " Variables from earlier cells were lost; the next cell starts in a fresh "
                           "namespace.", ok=False, limit=why, restarted=True)
-
-
-async def _call(handler: ToolHandler, name: str, args: tuple, kwargs: dict) -> Any:
-    value = handler(name, args, kwargs)
-    if inspect.isawaitable(value):
-        value = await value
-    return value
 
 
 class SandboxPool:

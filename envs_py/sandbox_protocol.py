@@ -4,8 +4,10 @@ The host decodes with ``json`` only, then checks each frame against a strict sha
 types, integer ids) and decodes tagged values with caps on size, nesting, entries and dict-key types, so decoding
 takes bounded time: integer dict keys are limited to |k| < 2**53 and tuple keys are refused, since Python's hashes
 of large ints and of tuples can be made to collide at will (a few MB of such keys stalled the event loop for
-seconds). The inbox is bounded. Any violation is reported as a :class:`Violation` value, never raised into the
-host's loop (issue #49).
+seconds). The inbox is bounded in frames and in bytes, and holds frames as the bytes that arrived: each is decoded
+when the host reads it (``decode_frame``), so frames piling up while the host is busy cost their wire size, not the
+~20x of their decoded objects (24 frames of 1 MiB of empty lists had raised host RSS by 557 MB; issue #55). Any
+violation is reported as a :class:`Violation` value, never raised into the host's loop (issue #49).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ MAX_FRAME = 1 << 20  # bytes of one frame from a sandbox (a cell's output is cap
 MAX_ENTRIES = 100_000  # list items + dict entries in one decoded frame
 MAX_DEPTH = 64
 MAX_INBOX = 256  # frames from a sandbox waiting to be handled
+MAX_INBOX_BYTES = 4 << 20  # their bytes (a legitimate sandbox has one call, or its async calls, waiting at most)
+# Entries in one tool call's arguments: a TextCraft world has ~2,000 item names, and a reply is built per entry, so
+# this bounds the reply's cost on the host's loop (get_info of 76,000 names took 0.67 s; at the cap ~35 ms).
+MAX_CALL_ENTRIES = 4096
 MAX_ID = 1 << 53
 LIMITS = ("cpu", "wall", "memory", "output")
 # Every frame type a sandbox may send, with its keys and their checks.
@@ -71,6 +77,17 @@ def check_frame(msg: Any, allowed: tuple[str, ...]) -> dict:
     return msg
 
 
+def decode_frame(body: bytes) -> dict:
+    """Returns the JSON object a frame's bytes hold; raises ValueError if they hold none."""
+    try:
+        msg = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"undecodable frame: {str(e)[:80]}") from None
+    if type(msg) is not dict:
+        raise ValueError("a frame that is not an object")
+    return msg
+
+
 def _key_ok(k: Any) -> bool:
     t = type(k)
     return (t is str or k is None or t is bool or (t is int and -MAX_ID < k < MAX_ID)
@@ -79,9 +96,10 @@ def _key_ok(k: Any) -> bool:
 
 def decode_value(x: Any, depth: int = 0, budget: list | None = None) -> Any:
     """Returns the Python value of a tagged child value (tuples, lists, dicts); unknown objects become a
-    placeholder string. Raises ValueError on malformed input, nesting past 64, more than 100,000 entries, or a dict
-    key that is not a str, bool, None, finite float or int under 2**53 in size."""
-    budget = [MAX_ENTRIES] if budget is None else budget
+    placeholder string. Raises ValueError on malformed input, nesting past 64, more than 100,000 entries (or the cap
+    ``budget`` names: [entries left, cap]), or a dict key that is not a str, bool, None, finite float or int under
+    2**53 in size."""
+    budget = [MAX_ENTRIES, MAX_ENTRIES] if budget is None else budget  # [entries left, the cap]
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     if x is None or type(x) in (bool, int, float, str):
@@ -91,7 +109,7 @@ def decode_value(x: Any, depth: int = 0, budget: list | None = None) -> Any:
         if tag in ("l", "t", "d") and type(v) is list:
             budget[0] -= len(v)
             if budget[0] < 0:
-                raise ValueError(f"more than {MAX_ENTRIES} entries")
+                raise ValueError(f"more than {budget[-1]} entries")
         if tag == "l" and type(v) is list:
             return [decode_value(e, depth + 1, budget) for e in v]
         if tag == "t" and type(v) is list:
@@ -112,15 +130,19 @@ def decode_value(x: Any, depth: int = 0, budget: list | None = None) -> Any:
 
 
 class Inbox:
-    """Frames from the sandbox, finished async tool calls and timer expiries, in arrival order. ``frames`` counts
-    the sandbox's frames waiting (bounded by the reader)."""
+    """Frames from the sandbox (their undecoded bytes), finished async tool calls and timer expiries, in arrival
+    order. ``frames`` and ``size`` count the sandbox's frames waiting and their bytes (bounded by the reader)."""
 
     def __init__(self):
         self.items: collections.deque = collections.deque()
         self.waiter: asyncio.Future | None = None
         self.frames = 0
+        self.size = 0
 
     def put(self, item: Any) -> None:
+        if type(item) is bytes:
+            self.frames += 1
+            self.size += len(item)
         self.items.append(item)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
@@ -131,15 +153,23 @@ class Inbox:
             await self.waiter
             self.waiter = None
         item = self.items.popleft()
-        if type(item) is dict:
+        if type(item) is bytes:
             self.frames -= 1
+            self.size -= len(item)
         return item
+
+    def clear(self) -> int:
+        """Drops everything waiting (a cell's boundary); returns how many of it were the sandbox's frames."""
+        frames = self.frames
+        self.items.clear()
+        self.frames = self.size = 0
+        return frames
 
 
 class FrameReader(asyncio.Protocol):
-    """Splits the sandbox's stdout into frames. ``accepting()`` says whether a frame may arrive now (a cell runs,
-    or the sandbox starts); a frame at any other time, an oversized or undecodable one, or a full inbox is a
-    :class:`Violation`, after which nothing more is read, and ``on_violation`` is called at once."""
+    """Splits the sandbox's stdout into frames, queued undecoded. ``accepting()`` says whether a frame may arrive now
+    (a cell runs, or the sandbox starts); a frame at any other time, an oversized one, or a full inbox (frames or
+    bytes) is a :class:`Violation`, after which nothing more is read, and ``on_violation`` is called at once."""
 
     def __init__(self, inbox: Inbox, accepting: Callable[[], bool], on_violation: Callable[[], None]):
         self.inbox, self.accepting, self.on_violation = inbox, accepting, on_violation
@@ -166,18 +196,11 @@ class FrameReader(asyncio.Protocol):
                 return self._violate(f"oversized frame ({n} bytes)")
             if len(self.buf) < 4 + n:
                 return
+            if self.inbox.frames >= MAX_INBOX or self.inbox.size + n > MAX_INBOX_BYTES:
+                return self._violate(f"more than {MAX_INBOX} frames or {MAX_INBOX_BYTES >> 20} MiB waiting")
             body = bytes(self.buf[4:4 + n])
             del self.buf[:4 + n]
-            if self.inbox.frames >= MAX_INBOX:
-                return self._violate(f"more than {MAX_INBOX} frames waiting")
-            try:
-                msg = json.loads(body)
-            except (ValueError, RecursionError) as e:
-                return self._violate(f"undecodable frame: {str(e)[:80]}")
-            if type(msg) is not dict:
-                return self._violate("a frame that is not an object")
-            self.inbox.frames += 1
-            self.inbox.put(msg)
+            self.inbox.put(body)
 
     def connection_lost(self, exc) -> None:
         self.inbox.put(Violation("the sandbox process died", closed=True))
