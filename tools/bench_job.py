@@ -153,7 +153,8 @@ def main() -> None:
     from sera_jax.cli.common import DEFAULT_CONFIG
     from sera_jax.config import load_config, split_cli
     from sera_jax.assembly.engines import engine_config
-    from sera_jax.evaluation.protocol import evaluate, load_policy
+    from sera_jax.evaluation.passes import PassSpec, evaluate
+    from sera_jax.evaluation.protocol import load_policy
     from sera_jax.sampling import Engine
     from sera_jax.profiling.machine import matmul_rate
 
@@ -184,7 +185,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as out:
             c0 = counters(engine)
             rep = asyncio.run(evaluate(cfg, out_dir=out, generator=engine, tokenizer=policy.tokenizer,
-                                       num_tasks=args.tasks, num_runs=1))
+                                       spec=PassSpec(num_tasks=args.tasks, num_runs=1)))
             c1 = counters(engine)
             eff = rep["efficiency"][0]
             plans = tree_plans(Path(out) / "trees.jsonl")

@@ -1,5 +1,5 @@
-"""``sera-eval``'s runner: the paper's evaluation protocol on a task set, for a run checkpoint, a Hugging Face
-directory or the tiny default (docs/design/algorithm.md §9–10, docs/design/textworld.md §12).
+"""``sera-eval``'s protocol: the paper's evaluation protocol on a task set (docs/design/algorithm.md §9–10,
+docs/design/textworld.md §12). ``passes.py`` runs it as a resumable, sharded pass for any policy.
 
 Protocol, per run: one tree per task at temperature 0 (``eval.temperature``), per-agent step limit
 ``eval.max_steps``, depth ``env.max_depth``, the evaluation prompt/context/completion caps of the ``eval`` section,
@@ -60,8 +60,15 @@ from sera_jax.training.checkpoint import Checkpointer, checkpoint_dir
 from sera_jax.training.intact import restore_newest_intact
 from sera_jax.warmstart.sft import shipped_dir, shipped_matches
 
-__all__ = ["Policy", "load_policy", "load_eval_tasks", "run_task",
-           "evaluate_tasks", "evaluate", "tree_means", "write_outputs"]
+__all__ = ["Policy", "load_policy", "load_eval_tasks", "run_task", "selection_settings",
+           "evaluate_tasks", "evaluate_distributed", "tree_means", "write_outputs"]
+
+
+def _line_to_stderr(line: str) -> None:
+    """Writes one line to stderr in a single write: orbax's reader threads, failing on a torn checkpoint as the
+    process goes on, print their tracebacks meanwhile, and ``print``'s separate newline let one land mid-line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 @dataclasses.dataclass
@@ -92,7 +99,7 @@ def load_policy(cfg: RunConfig, *, checkpoint: str | Path | None = None, hf_dir:
             # passed over (train.checkpoint_fallback=false / --no-fallback refuses; sera_jax.training.intact).
             model_cfg, params, meta = ck.restore_model(version) if version is not None else restore_newest_intact(
                 ck.manager.all_steps(), ck.restore_model, directory=str(ck.directory),
-                fallback=cfg.train.checkpoint_fallback, log=lambda m: print(m, file=sys.stderr, flush=True))[1]
+                fallback=cfg.train.checkpoint_fallback, log=_line_to_stderr)[1]
         finally:
             ck.close()
         tok_path = meta.get("tokenizer_path")
@@ -171,15 +178,19 @@ async def run_task(task: Any, env: EnvName, generator: Any, tokenizer: Any, sett
 async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tokenizer: Any, settings: RuntimeSettings,
                          *, retries: int = 1, concurrency: int = 64, selection: dict | None = None, pool: Any = None,
                          run_index: int = 0, textworld_rules: str = "reference",
-                         on_trees: Callable[[list[Tree]], None] | None = None, progress: str | None = None
+                         on_trees: Callable[[list[Tree]], None] | None = None,
+                         on_task: Callable[[Outcome, dict, list[Tree]], None] | None = None,
+                         progress: str | None = None, already: int = 0
                          ) -> tuple[list[Outcome], list[dict], list[Tree]]:
     """Runs every task (at most ``concurrency`` at a time) under :func:`run_task`; returns (outcomes, attempt
     records, trees), in task order. With ``on_trees`` each task's trees go there as soon as it finishes and are not
-    kept (a full task set's prompts would not fit in memory); the returned tree list is then empty. ``progress``
-    names a progress bar on stderr (tasks done of all, successes so far)."""
+    kept (a full task set's prompts would not fit in memory); the returned tree list is then empty. ``on_task``
+    takes (outcome, record, trees) the moment each task ends, and its trees are not kept either (``passes.py``
+    stores them there). ``progress`` names a progress bar on stderr (tasks done of all, successes so far), which
+    starts at ``already`` tasks (a resumed pass's finished ones) out of ``already + len(tasks)``."""
     gate = asyncio.Semaphore(concurrency)
-    bar = (tqdm(total=len(tasks), desc=progress, unit="task", leave=False, dynamic_ncols=True)
-           if progress is not None else None)
+    bar = (tqdm(total=already + len(tasks), initial=already, desc=progress, unit="task", leave=False,
+                dynamic_ncols=True) if progress is not None else None)
     solved = 0
 
     async def one(task):
@@ -190,10 +201,13 @@ async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tok
         if on_trees is not None:
             on_trees(trees)
             trees = []
+        if on_task is not None:
+            on_task(outcome, rec, trees)
+            trees = []
         if bar is not None:
             nonlocal solved
             solved += bool(outcome.success)
-            bar.set_postfix(success=f"{solved}/{bar.n + 1}", refresh=False)
+            bar.set_postfix(success=f"{solved}/{bar.n + 1 - already}", refresh=False)
             bar.update(1)
         return outcome, rec, trees
 
@@ -206,14 +220,24 @@ async def evaluate_tasks(tasks: Sequence[Any], env: EnvName, generator: Any, tok
     return [r[0] for r in results], [r[1] for r in results], [t for r in results for t in r[2]]
 
 
-async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Path | None = None,
+def selection_settings(cfg: RunConfig) -> dict | None:
+    """Returns test-time selection's settings (``eval.best_of_n`` > 1), or None: N, the fork budget, and the rubric
+    and scoring caps — the method section's when set (the tiny default's fit its 1,024-token context), else the
+    selector's own (1,024 / 512, docs/design/recipes.md §4)."""
+    e = cfg.eval
+    caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
+    return {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
+
+
+async def evaluate_distributed(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Path | None = None,
                    hf_dir: str | Path | None = None, version: int | None = None, num_tasks: int | None = None,
                    num_runs: int | None = None, generator: Any = None, tokenizer: Any = None,
                    wrap_generator: Callable[[Any], Any] | None = None,
                    on_run: Callable[[int, dict], None] | None = None, progress: bool = False) -> dict:
-    """Evaluates a policy under the protocol of the module docstring; writes report.json, report.md and
-    trees.jsonl into ``out_dir`` and returns the report (``evaluate.report`` + env, task set, source, settings,
-    per-run task records).
+    """Evaluates a policy under the protocol of the module docstring in one pass, its task set split over a
+    multi-host job's processes (``passes.evaluate`` calls it under ``jax.distributed``; a pass of one process is
+    ``passes.evaluate``'s, resumable and sharded); writes report.json, report.md and trees.jsonl into ``out_dir``
+    and returns the report (``evaluate.report`` + env, task set, source, settings, per-run task records).
 
     ``generator``/``tokenizer`` replace the model (a test double); otherwise an Engine serves ``load_policy``'s
     params. ``wrap_generator`` wraps whichever generator is used (e.g. to inject failures).
@@ -248,10 +272,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Pat
     if wrap_generator is not None:
         generator = wrap_generator(generator)
     env = cfg.env.name
-    # Test-time selection's rubric and scoring caps: the method section's when set (the tiny default's fit its
-    # 1,024-token context), else the selector's own (1,024 / 512, docs/design/recipes.md §4).
-    caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
-    selection = {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
+    selection = selection_settings(cfg)
     pool = await start_pool(cfg.env.num_workers) if environment(env).needs_pool else None
     tables, by_game, finals, records, times, efficiency = [], [], [], [], [], []
     trees_path = out_dir / ("trees.jsonl" if exchange is None else f"trees.p{jax.process_index()}.jsonl")

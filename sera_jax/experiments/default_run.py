@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import jax
 
-from sera_jax.evaluation.protocol import evaluate
+from sera_jax.evaluation.passes import PassSpec, evaluate
 from sera_jax.evaluation.report import DIFFICULTY_ORDER
 from sera_jax.training.build import build_loop
 from sera_jax.training.metrics import read_metrics
@@ -99,7 +99,7 @@ async def _evaluate(cfg: Any, loop: Any, out_dir: Path, log: Callable[[str], Non
     if report_path.is_file():
         return json.loads(report_path.read_text())
     rep = await evaluate(cfg, out_dir=out_dir, generator=loop.engine, tokenizer=loop.tokenizer,
-                         num_tasks=cfg.eval.num_tasks, progress=True)
+                         spec=PassSpec(num_tasks=cfg.eval.num_tasks), progress=True)
     log(f"evaluation ({out_dir.name}): {json.dumps(rep['runs'][0]['overall'])}")
     return rep
 

@@ -18,7 +18,8 @@ from sera_jax.agents.records import read_jsonl
 from sera_jax.agents.scripted import ScriptedGenerator
 from sera_jax.config import load_config
 from sera_jax.assembly.settings import runtime_settings
-from sera_jax.evaluation.protocol import evaluate, load_eval_tasks
+from sera_jax.evaluation.passes import PassSpec, evaluate
+from sera_jax.evaluation.protocol import load_eval_tasks
 from sera_jax.model.tokenizer import load_tokenizer
 from tests.model.tokenizer_fixtures import build_qwen_like_tokenizer
 
@@ -134,7 +135,7 @@ def test_a_crashing_tree_is_retried_once_then_counted_as_a_failure(tmp_path, cap
         holder["g"] = Crashing(gen, always=broken.task_id, once=solved.task_id)
         return holder["g"]
 
-    rep = asyncio.run(evaluate(cfg, out_dir=tmp_path / "out", num_tasks=3, generator=ScriptedGenerator(tok, script),
+    rep = asyncio.run(evaluate(cfg, out_dir=tmp_path / "out", spec=PassSpec(num_tasks=3), generator=ScriptedGenerator(tok, script),
                                tokenizer=tok, wrap_generator=wrap, progress=True))
     # a progress bar per run: tasks done of all, successes so far
     err = capsys.readouterr().err
@@ -231,7 +232,7 @@ def test_test_time_selection_runs_candidates_at_each_delegation(tmp_path):
             return '<delegate>{"goal": "look around the kitchen"}</delegate>'
         return "<finish>done</finish>" if "#c" in info.node_id else "thinking"
 
-    rep = asyncio.run(evaluate(cfg, out_dir=tmp_path / "out", num_tasks=1, generator=ScriptedGenerator(tok, script),
+    rep = asyncio.run(evaluate(cfg, out_dir=tmp_path / "out", spec=PassSpec(num_tasks=1), generator=ScriptedGenerator(tok, script),
                                tokenizer=tok))
     assert rep["best_of_n"] == 2 and rep["runs"][0]["overall"]["errored"] == 0
     (tree,) = read_jsonl(tmp_path / "out" / "trees.jsonl")
