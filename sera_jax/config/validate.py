@@ -73,11 +73,11 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
             if isinstance(v, int) and not isinstance(v, bool) and f.name not in ("seed", "every", "retries",
                                                                                   "speculative_groups_per_rank",
                                                                                   "data_seed", "rubric_probe_groups",
-                                                                                  "rubric_probe_seed"):
+                                                                                  "rubric_probe_seed", "max_depth"):
                 need(v > 0, f"{section}.{f.name}", f"must be positive, got {v}")
             if isinstance(v, int) and not isinstance(v, bool) and f.name in ("every", "retries",
                                                                              "speculative_groups_per_rank",
-                                                                             "rubric_probe_groups"):
+                                                                             "rubric_probe_groups", "max_depth"):
                 need(v >= 0, f"{section}.{f.name}", f"must be ≥ 0, got {v}")
     need(cfg.env.max_depth <= 8, "env.max_depth", f"at most 8, got {cfg.env.max_depth}")
     need(cfg.rollout.trees_per_task >= 2, "rollout.trees_per_task", "leave-one-out baselines need at least 2")

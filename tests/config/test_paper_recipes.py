@@ -89,7 +89,7 @@ def test_shared_rows(env):
     """§1c and §4, the same for every method of an environment."""
     tc = env == "textcraft"
     for path in sorted(PAPER.glob(f"{env}_*.yaml")):
-        if path.stem.endswith("_base"):
+        if path.stem.endswith(("_base", "_single_agent")):
             continue
         cfg = load_config(path)
         m = cfg.model_config()
@@ -124,9 +124,22 @@ def test_shared_rows(env):
 def test_every_paper_method_has_its_configs_and_nothing_else():
     names = {p.stem for p in PAPER.glob("*.yaml")}
     want = {f"textcraft_{m}" for m in TEXTCRAFT} | {f"textworld_{m}" for m in TEXTWORLD} | {
-        "textcraft_base", "textworld_base"}
+        "textcraft_base", "textworld_base", "textcraft_single_agent", "textworld_single_agent"}
     assert names == want
     assert {method_config(s).name for s in TEXTCRAFT} == set(METHODS)
+
+
+@pytest.mark.parametrize("env", ["textcraft", "textworld"])
+def test_single_agent_baselines_are_the_base_at_depth_0_with_200_root_steps(env):
+    """The reference's run_single_agent.sh: no sub-agents, 200 root steps, the paper's evaluation otherwise."""
+    cfg, base = load_config(PAPER / f"{env}_single_agent.yaml"), load_config(PAPER / f"{env}_base.yaml")
+    assert (cfg.env.max_depth, cfg.eval.max_steps) == (0, 200)
+    for k in ("task_set", "temperature", "num_runs", "retries", "max_prompt_tokens", "max_completion_tokens",
+              "context_tokens", "best_of_n"):
+        assert getattr(cfg.eval, k) == getattr(base.eval, k), k
+    assert cfg.model_config() == base.model_config() and cfg.env.name == base.env.name
+    tiny = load_config(PAPER.parent / "tiny_single_agent.yaml")
+    assert (tiny.env.max_depth, tiny.eval.max_steps) == (0, 200)
 
 
 def test_textworld_rank_disc_and_stale_multistage_are_refused():
