@@ -11,7 +11,8 @@ programmatic label), the train step and the records writer. Each task group has 
   ChatML markers printed (built in the cell, so the reply itself holds none);
 * rollout 2 sends malformed sub-agent requests, one cell each: a bool count, a case-folded name, a key smuggling a
   second target, an unknown item; each launched child only calls ``finish('done')``;
-* rollout 3 spins the CPU, then streams output, under small cell limits (1 s CPU, 2 s wall).
+* rollout 3 spins the CPU, then streams output, under small cell limits (1 s CPU, 5 s wall: a spin given a fifth
+  of a core on a loaded machine still meets the CPU limit first).
 
 ``--classes`` keeps only the named classes (each hostile rollout then runs those of its kind, or finishes at once):
 with one class at a time the same script measures the code before the fix, where a text class ends the run.
@@ -156,7 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     oracle = TextCraftOracle(recipe_book(), tok, max_depth=1, delegate_prob=0.0, fail_prob=0.0)
     method = method_config("rao")  # a TextCraft sub-agent's execution reward is its programmatic label
     settings = RuntimeSettings.for_env("textcraft", deterministic=True, seed=1, max_steps=8,
-                                       cell_limits=Limits(cpu_s=1.0, wall_s=2.0, grace_s=1.0))
+                                       cell_limits=Limits(cpu_s=1.0, wall_s=5.0, grace_s=1.0))
     pool = await start_pool(1)
     tx = make_optimizer(OptimConfig(lr=1e-3, warmup_steps=0))
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="hostile_run_"))
