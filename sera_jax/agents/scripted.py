@@ -7,6 +7,10 @@ completes a stop string (``</python>``), else ended with ``<|im_end|>`` (a stop 
 ``max_new_tokens`` (finish reason ``length``). Logprobs are a deterministic function of the turn key, the position
 and the token, so a change of key changes them (records then differ). ``calls`` keeps (start, end, TurnInfo,
 prompt length) of every call, and ``latency_s`` simulates device time without blocking the event loop.
+
+``script_emission`` turns the same script into what a simulated engine emits (``sampling.simulated_engine``): the
+reply's tokens then ``<|im_end|>``, with the same logprobs, left to the engine's own stop handling to cut; a run on
+the simulated device then records the trees this generator would.
 """
 
 from __future__ import annotations
@@ -62,12 +66,30 @@ class ScriptedGenerator:
             ids, reason = ids + [tok.im_end_id], "stop_id"
         if len(ids) > params.max_new_tokens:
             ids, reason = ids[:params.max_new_tokens], "length"
-        seed = "" if key is None else ",".join(str(int(x)) for x in jax.random.key_data(key).ravel())
+        seed = _key_seed(key)
         logprobs = tuple(_fake_logprob(seed, i, t) for i, t in enumerate(ids))
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         self.calls.append((t0, time.monotonic(), info, len(prompt_ids)))
         return GenerationResult(tuple(ids), logprobs, self.policy_version, reason, len(prompt_ids))
+
+
+def script_emission(tokenizer: Any, script: Script, default: str = ""):
+    """Returns ``emission(prompt_ids, params, key) -> (token ids, logprobs)`` of ``script`` for a simulated engine:
+    the calling agent's reply (read from ``harness.CURRENT_TURN`` on the caller's context, as ``ScriptedGenerator``
+    reads it), tokenised, then ``<|im_end|>``; logprobs as ``ScriptedGenerator`` gives them."""
+    reader = ScriptedGenerator(tokenizer, script, default=default)
+
+    def emission(prompt_ids: Sequence[int], params: SamplingParams, key: jax.Array | None):
+        ids = list(tokenizer.encode(reader.reply_for(CURRENT_TURN.get(), prompt_ids))) + [tokenizer.im_end_id]
+        seed = _key_seed(key)
+        return ids, [_fake_logprob(seed, i, t) for i, t in enumerate(ids)]
+
+    return emission
+
+
+def _key_seed(key: jax.Array | None) -> str:
+    return "" if key is None else ",".join(str(int(x)) for x in jax.random.key_data(key).ravel())
 
 
 def _fake_logprob(seed: str, position: int, token: int) -> float:

@@ -43,7 +43,13 @@ def decode_flops(cfg, contexts: Iterable[int]) -> float:
     """Returns the forward FLOPs of generating one token at each cached-context length in ``contexts``:
     Σ (2·N + 4·L·H·E·c)."""
     cs = [float(c) for c in contexts]
-    return 2.0 * cfg.num_params() * len(cs) + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * sum(cs)
+    return forward_flops(cfg, len(cs), sum(cs))
+
+
+def forward_flops(cfg, tokens: float, context_sum: float) -> float:
+    """Returns the forward FLOPs of ``tokens`` tokens whose attended positions total ``context_sum``:
+    2·N·tokens + 4·L·H·E·context_sum (``decode_flops`` in closed form, for a prefill's many tokens)."""
+    return 2.0 * cfg.num_params() * tokens + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context_sum
 
 
 def kv_bytes_per_token(cfg, itemsize: int) -> int:

@@ -19,7 +19,7 @@ import dataclasses
 import math
 
 from sera_jax.model import Qwen3Config
-from sera_jax.profiling.flops import decode_flops, kv_bytes_per_token, train_flops
+from sera_jax.profiling.flops import forward_flops, kv_bytes_per_token, train_flops
 from sera_jax.profiling.targets import GpuTarget
 
 
@@ -83,8 +83,19 @@ def decode_roofline(cfg: Qwen3Config, target: GpuTarget, rows: int, context: flo
     """Returns (seconds per decode step, tokens/s per GPU) of ``rows`` rows at mean ``context`` tokens: the weights
     and every row's K/V read once per step at HBM bandwidth (FLOPs are far below the peak at these sizes)."""
     nbytes = cfg.num_params() * itemsize + rows * context * kv_bytes_per_token(cfg, itemsize)
-    step = max(nbytes / target.hbm_bytes_per_s, decode_flops(cfg, [context] * rows) / target.bf16_flops)
+    step = max(nbytes / target.hbm_bytes_per_s, forward_flops(cfg, rows, rows * context) / target.bf16_flops)
     return step, rows / step
+
+
+def prefill_roofline(cfg: Qwen3Config, target: GpuTarget, tokens: int, context_sum: float, kv_read_tokens: float,
+                     kv_write_tokens: float, itemsize: int = 2) -> float:
+    """Returns the seconds of one prefill call at the roofline: ``tokens`` computed tokens (the call's padded rows ×
+    length: padding is computed too) whose attended positions total ``context_sum``, at the FLOP peak, or the
+    weights read once plus ``kv_read_tokens`` cached and ``kv_write_tokens`` new tokens' K/V at HBM bandwidth,
+    whichever is longer (the projection's prefill is this call's FLOP term without attention)."""
+    kv = kv_bytes_per_token(cfg, itemsize)
+    nbytes = cfg.num_params() * itemsize + (kv_read_tokens + kv_write_tokens) * kv
+    return max(nbytes / target.hbm_bytes_per_s, forward_flops(cfg, tokens, context_sum) / target.bf16_flops)
 
 
 def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: int, gpus: int,
