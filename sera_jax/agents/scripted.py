@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from sera_jax.agents.harness import CURRENT_TURN, TurnInfo
 from sera_jax.sampling.types import GenerationResult, SamplingParams
@@ -94,4 +95,5 @@ def _key_seed(key: jax.Array | None) -> str:
 
 def _fake_logprob(seed: str, position: int, token: int) -> float:
     h = hashlib.blake2b(f"{seed}|{position}|{token}".encode(), digest_size=4).digest()
-    return -(int.from_bytes(h, "little") % 100000) / 10000.0 - 1e-4
+    # Rounded to float32, as an engine's logprobs are (a simulated engine emits these).
+    return float(np.float32(-(int.from_bytes(h, "little") % 100000) / 10000.0 - 1e-4))
