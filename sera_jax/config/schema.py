@@ -33,7 +33,7 @@ from sera_jax.rl.losses import StepConfig
 from sera_jax.rl.optim import OptimConfig
 from sera_jax.rl.stages import MethodConfig, method_config
 
-__all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
+__all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "EngineSection", "BatchSection",
            "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RunConfig"]
 
 
@@ -132,6 +132,16 @@ class RolloutSection:
     # Sampling engines per host, one per local device from the first (each its own bf16 weights, KV pool and
     # decode loop; a task group's trees share one engine); null = every local GPU, 1 on CPU.
     engines: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSection:
+    # "device": the engines run the policy on this host's accelerators. "simulated" (never the default): the real
+    # host path over a simulated device (sampling/simulated_engine.py) whose programs take the roofline time of
+    # their shapes on ``simulate``'s GPU and emit the environment's oracle's tokens; every output says "simulated".
+    backend: Literal["device", "simulated"] = "device"
+    simulate: str = "h200"               # the simulated GPU (profiling/targets.py: h200, h100)
+    simulated_gpus: int = 8              # simulated engines per process when rollout.engines is null
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +287,7 @@ class RunConfig:
     method: MethodSection = MethodSection()
     env: EnvSection = EnvSection()
     rollout: RolloutSection = RolloutSection()
+    engine: EngineSection = EngineSection()
     batch: BatchSection = BatchSection()
     train: TrainSection = TrainSection()
     judge: JudgeSection = JudgeSection()
