@@ -38,6 +38,7 @@ from sera_jax.agents.keys import stable_hash, tree_key
 from sera_jax.agents.launchers.base import DefaultLauncher
 from sera_jax.agents.records import Tree
 from sera_jax.agents.settings import RuntimeSettings
+from sera_jax.sampling.simulation import label as simulation_label
 from sera_jax.sampling.types import Generator
 
 ROOT_ID = "root"
@@ -101,7 +102,7 @@ async def _run_tree(task, env_name, generator, tokenizer, settings, key, rollout
     tree = Tree(id=tree_id or default_tree_id(task_id, rollout_index), task_id=task_id, root_id=ROOT_ID,
                 root_rollout_index=rollout_index, policy_version=settings.policy_version,
                 misc={"env": env_name, "difficulty": str(getattr(task, "difficulty", "")), "seed": settings.seed,
-                      "deterministic": settings.deterministic})
+                      "deterministic": settings.deterministic, **simulation_label()})
     root_key = key if key is not None else tree_key(settings.seed, settings.policy_version, task_id, rollout_index)
     run = TreeRun(tree, generator, tokenizer, settings, root_key, launcher, trace)
     env = None

@@ -1,16 +1,20 @@
-"""The sampling engines a run builds: how many per host, each one's rows, and its KV pool within a share of device
-memory."""
+"""The sampling engines a run builds: how many per host, each one's rows, its KV pool within a share of device
+memory, and whether they run on this host's devices or on a simulated device (``engine.backend``)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import jax
 
 from sera_jax.assembly.concurrency import groups_in_flight
 from sera_jax.config import ConfigError, RunConfig
 from sera_jax.sampling import EngineConfig
+from sera_jax.sampling.engine import Engine
 from sera_jax.sampling.engine_config import cpu_shapes
+from sera_jax.sampling.simulated_engine import SimulatedEngine
+from sera_jax.sampling.simulation import Simulation, installed
 
 KV_FRACTION = 0.35         # of each device's memory for the policy engines' KV pools
 JUDGE_KV_FRACTION = 0.05   # of the first device's, taken from the above, for a policy_frozen judge's engine
@@ -20,6 +24,8 @@ def num_engines(cfg: RunConfig, local_devices: Sequence[Any]) -> int:
     """Returns how many sampling engines this host runs (``rollout.engines``; null = every local GPU, 1 on CPU,
     where fake devices share the same cores). Raises ConfigError when the host has fewer devices."""
     n = cfg.rollout.engines
+    if cfg.engine.backend == "simulated":
+        return cfg.engine.simulated_gpus if n is None else n   # simulated GPUs need no local device
     if n is None:
         return len(local_devices) if jax.default_backend() == "gpu" else 1
     if n > len(local_devices):
@@ -69,3 +75,35 @@ def kv_cache_budget_bytes(fraction: float = 0.35, bytes_limit: int | None = None
         stats = {}
     limit = stats.get("bytes_limit")
     return int(limit * fraction) if limit else 2 << 30
+
+
+def simulation(cfg: RunConfig) -> Simulation | None:
+    """Returns the simulated device the run's engines use (``engine.backend: simulated``), None for real devices.
+    Raises ConfigError when the process has none installed or one of another GPU than ``engine.simulate``."""
+    if cfg.engine.backend != "simulated":
+        return None
+    sim = installed()
+    if sim is None:
+        raise ConfigError("engine.backend: simulated needs a simulated device in this process: run the command with "
+                          f"--simulate {cfg.engine.simulate} (sera-train, sera-eval, sera-profile)")
+    if sim.target != cfg.engine.simulate:
+        raise ConfigError(f"engine.simulate: {cfg.engine.simulate!r}, but this process simulates {sim.target!r}")
+    return sim
+
+
+def engine_maker(cfg: RunConfig, tokenizer: Any, model_cfg: Any = None) -> Callable[..., Engine]:
+    """Returns what builds one of the run's engines, with ``Engine``'s signature: ``Engine`` itself, or on a
+    simulated device a ``SimulatedEngine`` timed for ``model_cfg`` (default the run's) in bf16 and emitting the
+    installed simulation's script for this run."""
+    sim = simulation(cfg)
+    if sim is None:
+        return Engine
+    timer = sim.timer(model_cfg if model_cfg is not None else cfg.model_config(), 2)
+    return functools.partial(SimulatedEngine, timer=timer, emission=sim.script(cfg, tokenizer))
+
+
+def simulated_engine_config(cfg: RunConfig, engines: int, *, evaluation: bool = False) -> EngineConfig:
+    """Returns ``engine_config`` for engines on the simulated GPU: bf16, its shapes and its memory."""
+    sim = simulation(cfg)
+    return engine_config(cfg, "bfloat16", engines, backend="gpu", bytes_limit=sim.bytes_limit,
+                         evaluation=evaluation)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -67,17 +67,18 @@ class EngineReplicas:
 
     @classmethod
     def build(cls, cfg: Qwen3Config, params, config: EngineConfig, *, devices: Sequence[Any],
-              tokenizer: Any = None, seed: int = 0) -> "EngineReplicas":
+              tokenizer: Any = None, seed: int = 0, make: Callable[..., Engine] = Engine) -> "EngineReplicas":
         """Returns one single-device engine per device of ``devices`` (each its own KV pool of ``config``'s size);
-        engine i seeds its key-less requests with ``seed + i``."""
+        engine i seeds its key-less requests with ``seed + i``. ``make`` builds each engine (``Engine``'s
+        signature; a simulated device's engine, ``simulated_engine.SimulatedEngine`` with its timer and script)."""
         devices = list(devices)
         if not devices:
             raise ValueError("EngineReplicas.build needs at least one device")
         engines = []
         try:
             for i, dev in enumerate(devices):
-                engines.append(Engine(cfg, params, config, mesh=make_mesh(MeshConfig(1, 1, 1), [dev]),
-                                      tokenizer=tokenizer, seed=seed + i))
+                engines.append(make(cfg, params, config, mesh=make_mesh(MeshConfig(1, 1, 1), [dev]),
+                                    tokenizer=tokenizer, seed=seed + i))
         except BaseException:
             for e in engines:
                 e.close()

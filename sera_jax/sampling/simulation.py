@@ -7,7 +7,7 @@ rooms above ``sampling``. A command that simulates (``--simulate h200``, ``engin
 ``Simulation`` from them and installs it in its process; the rooms below (``assembly``, ``training``) then build
 simulated engines from the installed one without importing a room above them.
 
-    install(Simulation("h200", timer=roofline_timer, script=oracle_script))
+    install(Simulation("h200", timer=roofline_timer("h200"), script=oracle_script, bytes_limit=limit))
     simulation = installed()            # None when the process simulates nothing
 """
 
@@ -50,6 +50,7 @@ class Simulation:
     target: str
     timer: Callable[[Any, int], ProgramTimer]
     script: Callable[[Any, Any], Emission]
+    bytes_limit: int            # what the GPU's allocator may use (the engines' KV pools are sized from it)
 
 
 _INSTALLED: list[Simulation] = []

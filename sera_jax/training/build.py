@@ -21,7 +21,8 @@ from sera_jax.agents.judge import frozen_policy_engine, make_judge
 from sera_jax.agents.runtime import start_pool
 from sera_jax.agents.subagent_judge import SubagentJudge
 from sera_jax.assembly.concurrency import groups_in_flight, per_rank_concurrency
-from sera_jax.assembly.engines import JUDGE_KV_FRACTION, KV_FRACTION, engine_config, num_engines
+from sera_jax.assembly.engines import (JUDGE_KV_FRACTION, KV_FRACTION, engine_config, engine_maker, num_engines,
+                                      simulated_engine_config, simulation)
 from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_judge
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.assembly.tasks import load_env_tasks
@@ -139,8 +140,13 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
     kv = KV_FRACTION - (JUDGE_KV_FRACTION if frozen_judge else 0.0)
     # This process's copy of the weights (a collective replicate in a multi-host job) seeds its engines.
     host_params = local_copy(state.params)
-    engine = EngineReplicas.build(model_cfg, host_params, engine_config(cfg, sampler_dtype, n_engines, kv),
-                                  devices=local[:n_engines], tokenizer=tokenizer, seed=cfg.train.seed)
+    # engine.backend: simulated: the engines' host path is real, their device a model of the target GPU's time.
+    simulated = simulation(cfg) is not None
+    engine = EngineReplicas.build(model_cfg, host_params,
+                                  simulated_engine_config(cfg, n_engines) if simulated else
+                                  engine_config(cfg, sampler_dtype, n_engines, kv),
+                                  devices=[local[0]] * n_engines if simulated else local[:n_engines],
+                                  tokenizer=tokenizer, seed=cfg.train.seed, make=engine_maker(cfg, tokenizer))
     judge = judge_engine = None
     if tw_rubric_stage or tw_execution_judge:
         if frozen_judge:

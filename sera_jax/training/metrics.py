@@ -10,6 +10,8 @@ from typing import Any, Mapping
 
 import jax
 
+from sera_jax.sampling.simulation import label as simulation_label
+
 
 def _scalar(v: Any) -> float | None:
     if isinstance(v, bool):
@@ -41,7 +43,8 @@ class MetricsWriter:
 
     def write(self, version: int, kind: str, values: Mapping[str, Any]) -> dict[str, Any]:
         """Writes one record; returns it as written (non-scalars kept in JSON, skipped in TensorBoard)."""
-        record: dict[str, Any] = {"version": int(version), "kind": kind}
+        # A run on a simulated device says so on every line (sampling/simulation.py).
+        record: dict[str, Any] = {"version": int(version), "kind": kind, **simulation_label()}
         for k, v in values.items():
             s = _scalar(v)
             record[k] = v if s is None else (s if math.isfinite(s) else str(s))
