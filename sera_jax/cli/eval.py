@@ -14,6 +14,8 @@ from sera_jax.cli.common import (CONFIG_ERROR, end_processes, load_or_report, mi
                                  report_user_error, start_processes, use_compilation_cache)
 from sera_jax.config import UserError
 
+INCOMPLETE = 1  # the pass ran to its end, but some trees errored (their retries spent): the same command retries them
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sera-eval", description=(
@@ -21,7 +23,9 @@ def _parser() -> argparse.ArgumentParser:
         "limit, a failed rollout retried eval.retries times then counted as a failure, success per difficulty and "
         "overall (task-weighted), mean ± sample std over runs, optional test-time selection (eval.best_of_n). "
         "Writes report.json, report.md and trees.jsonl; every finished tree is saved as it ends, and the same "
-        "command finishes a killed pass. Default config: the tiny CPU one."))
+        "command finishes a killed pass. Default config: the tiny CPU one."), epilog=(
+        "Exit status: 0 a complete report; 1 a report with errored trees (counted as failures; the same command "
+        "retries them); 2 bad input (one error line); 143 stopped by SIGTERM (what finished is saved)."))
     p.add_argument("args", nargs="*", help="config files and a.b=c overrides")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", default=None, help="run directory or its checkpoints/ (latest version)")
@@ -46,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_report(rep: dict, out: str) -> None:
+def _print_report(rep: dict, out: str) -> int:
     print(rep["markdown"])
     if rep.get("warmup"):
         print(f"engine warm-up: {rep['warmup']['executables']} executables in {rep['warmup']['seconds']:.1f} s")
@@ -59,6 +63,10 @@ def _print_report(rep: dict, out: str) -> None:
     errored = sum(t["overall"]["errored"] for t in rep["runs"])
     print(f"RESULT env={rep['env']} tasks={rep['num_tasks']} runs={rep['num_runs']} success_mean={m:.4f} "
           f"success_std={s:.4f} errored={errored} out={out}")
+    if errored:
+        print(f"sera-eval: incomplete: {errored} tree(s) errored (counted as failures in this report); the same "
+              "command retries them", file=sys.stderr)
+    return INCOMPLETE if errored else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     end_processes()
     if not speak or rep is None:
         return 0
-    _print_report(rep, out)
-    return 0
+    return _print_report(rep, out)
 
 
 def _read_only(args: argparse.Namespace) -> int:
@@ -144,8 +151,7 @@ def _read_only(args: argparse.Namespace) -> int:
         rep = aggregate(args.aggregate)
     except UserError as e:
         return report_user_error("sera-eval", e)
-    _print_report(rep, args.aggregate)
-    return 0
+    return _print_report(rep, args.aggregate)
 
 
 if __name__ == "__main__":

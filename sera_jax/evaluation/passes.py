@@ -180,6 +180,7 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, spec: PassSpec = Pass
             if on_run is not None:
                 on_run(r, summarise([Outcome(k[1], rec["difficulty"], rec["success"])
                                      for k, rec in store.records().items() if k[0] == r], DIFFICULTY_ORDER))
+        errored = sum(1 for rec in store.records().values() if rec.get("success") is None)
     finally:
         if pool is not None:
             await pool.close()
@@ -189,8 +190,9 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, spec: PassSpec = Pass
             await served.aclose()
         store.close()
     if spec.num_shards > 1:
-        say(f"sera-eval: shard {spec.shard_index} of {spec.num_shards} complete in {store.directory}; "
-            f"`sera-eval --aggregate {out_dir}` writes the report once every shard is")
+        say(f"sera-eval: shard {spec.shard_index} of {spec.num_shards} complete in {store.directory}"
+            + (f" with {errored} errored tree(s) (the same command retries them)" if errored else "")
+            + f"; `sera-eval --aggregate {out_dir}` writes the report once every shard is")
         return None
     return aggregate(out_dir)
 
@@ -247,6 +249,10 @@ def aggregate(out_dir: str | Path) -> dict:
                  tasks=per_run, by_game=by_game, tree_means=finals, efficiency=efficiency, warmup=warm,
                  shards=n, sessions=len(sessions), identity=identity,
                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    # Errored trees (their retries spent: a server that died, answered garbage, a crashing env) count as failures,
+    # as the protocol says, but such a report is not the pass's result: it says so, and a rerun retries them.
+    rep["errored"] = sum(int(t["overall"]["errored"]) for t in tables)
+    rep["complete"] = rep["errored"] == 0
     merge_trees(out_dir)
     write_outputs(rep, out_dir)
     return rep

@@ -35,9 +35,11 @@ from sera_jax.agents.environments import environment
 from sera_jax.agents.launchers.factory import make_launcher_factory
 from sera_jax.agents.phases import tracing
 from sera_jax.agents.records import Tree, write_jsonl
+from sera_jax.agents.roles import RoleCallers
 from sera_jax.agents.runtime import run_tree, start_pool
 from sera_jax.agents.settings import RuntimeSettings
 from sera_jax.assembly.engines import engine_config
+from sera_jax.assembly.roles import selector_judge
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
@@ -225,8 +227,13 @@ def selection_settings(cfg: RunConfig) -> dict | None:
     and scoring caps — the method section's when set (the tiny default's fit its 1,024-token context), else the
     selector's own (1,024 / 512, docs/design/recipes.md §4)."""
     e = cfg.eval
+    if e.best_of_n <= 1:
+        return None
     caps = {k: v for k in ("max_rubric_tokens", "max_scoring_tokens") if (v := getattr(cfg.method, k)) is not None}
-    return {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps} if e.best_of_n > 1 else None
+    # An endpoint selector is the reference's oracle mode: its binary judge picks the first success (no rubric).
+    oracle = selector_judge(cfg)
+    return {"n": e.best_of_n, "fork_budget": e.fork_budget, **caps,
+            **({"roles": RoleCallers(selector_judge=oracle)} if oracle is not None else {})}
 
 
 async def evaluate_distributed(cfg: RunConfig, *, out_dir: str | Path, checkpoint: str | Path | None = None,
@@ -370,6 +377,9 @@ def write_outputs(rep: dict, out_dir: str | Path) -> dict[str, str]:
     head = (f"# sera-eval: {rep['env']} / {rep['task_set']} ({rep['num_tasks']} tasks, {rep['num_runs']} run"
             f"{'s' if rep['num_runs'] > 1 else ''})\n\nPolicy: {rep['source']}. Overall success "
             f"{overall[0]:.2f} ± {overall[1]:.2f} % (sample std; errors count as failures).\n\n")
+    if rep.get("errored"):
+        head += (f"**Incomplete**: {rep['errored']} tree(s) errored and are counted as failures above; rerunning "
+                 "the same command retries them.\n\n")
     eff = "".join(f"\nRun {i + 1}: {efficiency_line(x)}." for i, x in enumerate(rep.get("efficiency") or []))
     warm = rep.get("warmup")
     if warm:
