@@ -134,6 +134,8 @@ def parse_judge_reply(text: str) -> tuple[bool | None, str, str]:
 class ProgrammaticJudge:
     """TextCraft labels from the checker's records (no model)."""
 
+    backend = None  # no model answers
+
     async def label(self, node: Node, parent_goal: str = "") -> Label:
         """Returns the programmatic label of a finished branch."""
         for t in reversed(node.turns):
@@ -145,6 +147,8 @@ class ProgrammaticJudge:
 
 class ChatJudge:
     """Binary judge behind an OpenAI-compatible chat-completions endpoint (see the module docstring)."""
+
+    backend = "endpoint"  # who answers, as per-role spend names it (config/roles.py)
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                  max_attempts: int = 3, backoff_s: float = 1.0, temperature: float = 1.0, max_tokens: int = 1024,
@@ -227,9 +231,11 @@ class PolicyJudge:
 
     def __init__(self, generator: Any, tokenizer: Any, *, seed: int = 0, temperature: float = 1.0,
                  max_new_tokens: int = 1024, max_prompt_tokens: int = 10240, max_attempts: int = 3,
-                 style: str = "paper"):
+                 style: str = "paper", backend: str = "frozen"):
         if style not in ("paper", "compact"):
             raise ValueError(f"judge prompt style must be 'paper' or 'compact', got {style!r}")
+        # "frozen" (an engine over the starting policy's params) or "policy" (the trainable policy's own engine).
+        self.backend = backend
         self.generator, self.tokenizer = generator, tokenizer
         self.key = jax.random.key(seed)
         self.spec = CallSpec(temperature, max_new_tokens, max_prompt_tokens)

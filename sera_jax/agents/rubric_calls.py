@@ -27,6 +27,7 @@ from sera_jax.agents.policy_call import (
     side_call_prompt_budget,
 )
 from sera_jax.agents.records import Node
+from sera_jax.agents.roles import RoleCaller, pause, record_call
 from sera_jax.agents.rubric import (
     CHILD_TOOLS_TEXT,
     RubricContext,
@@ -150,26 +151,44 @@ def rubric_context(parent: Node, messages: list[dict], action: str, state: dict,
 
 
 async def write_rubric(run: Any, ctx: RubricContext, spec: CallSpec, name: str, *, min_items: int,
-                       depth: int = 0) -> tuple[CallResult, dict | None, str]:
-    """Returns (the call, the validated rubric | None, why it is invalid)."""
+                       depth: int = 0, caller: RoleCaller | None = None) -> tuple[CallResult, dict | None, str]:
+    """Returns (the call, the validated rubric | None, why it is invalid). ``caller`` (default: the policy) says who
+    writes it (``agents/roles.py``): a file-backed writer makes no call and returns its fixed rubric; an endpoint
+    retries an error or an invalid rubric up to its attempts."""
+    caller = caller or RoleCaller("rubric_writer")
+    if caller.backend == "file":
+        return CallResult(None, "", ""), caller.rubric, ""
     messages = rubric_request(ctx, min_items, style=run.settings.prompt_style)
-    res = await policy_call(run.generator, run.tokenizer, messages, spec,
-                            root_key=run.root_key, name=name, tree_id=run.tree.id, depth=depth,
-                            timeout_s=run.settings.step_timeout_s)
-    if res.error:
-        return res, None, res.error
-    rubric, err = parse_rubric(res.text, min_items)
-    return res, rubric, err
+
+    def parse(text: str):
+        return parse_rubric(text, min_items)
+    return await _role_call(run, caller, messages, spec, name, depth, parse)
 
 
 async def score_node(run: Any, rubric: dict, node: Node, final_state: dict, spec: CallSpec,
-                     name: str) -> tuple[CallResult, Score | None, str]:
-    """Returns (the call, the parsed Score | None, why it is invalid) for one finished child under ``rubric``."""
+                     name: str, *, caller: RoleCaller | None = None) -> tuple[CallResult, Score | None, str]:
+    """Returns (the call, the parsed Score | None, why it is invalid) for one finished child under ``rubric``;
+    ``caller`` (default: the policy) says who scores it."""
     messages = score_request(rubric, node.goal, node_view(node), final_state, style=run.settings.prompt_style,
                              env=run.settings.env)
-    res = await policy_call(run.generator, run.tokenizer, messages, spec, root_key=run.root_key, name=name,
-                            tree_id=run.tree.id, depth=node.depth, timeout_s=run.settings.step_timeout_s)
-    if res.error:
-        return res, None, res.error
-    score, err = parse_score(res.text)
-    return res, score, err
+    return await _role_call(run, caller or RoleCaller("scorer"), messages, spec, name, node.depth, parse_score)
+
+
+async def _role_call(run: Any, caller: RoleCaller, messages: list[dict], spec: CallSpec, name: str, depth: int,
+                     parse: Any) -> tuple[CallResult, Any, str]:
+    generator, tokenizer = caller.plays(run)
+    tree = getattr(run, "tree", None)
+    res, value, err = CallResult(None, "", "no attempt"), None, "no attempt"
+    for attempt in range(1, caller.max_attempts + 1):
+        # Retries of one call are distinct requests: each its own name (so its own key and record).
+        res = await policy_call(generator, tokenizer, messages, spec, root_key=run.root_key,
+                                name=name if attempt == 1 else f"{name}@{attempt}", tree_id=tree.id if tree else "",
+                                depth=depth, timeout_s=run.settings.step_timeout_s)
+        value, err = (None, res.error) if res.error else parse(res.text)
+        record_call(tree, caller, res, value is not None)
+        if value is not None:
+            break
+        if caller.max_attempts > 1:
+            err = f"{caller.backend} {caller.role}, attempt {attempt}/{caller.max_attempts}: {err}"
+        await pause(caller, attempt)
+    return res, value, err

@@ -50,12 +50,13 @@ EXECUTION_CONCURRENCY = 16                   # docs/design/recipes.md §1b: judg
 DEFERRED_REASON = "deferred: labelled after the fork group's rubric is written (label_fork_groups)"
 
 
-def judge_record(label: Label) -> dict[str, Any]:
+def judge_record(label: Label, backend: str | None = None) -> dict[str, Any]:
     """Returns the record a label leaves on its node: success (None = no label), reason, error, and its spend —
-    requests (``calls``), prompt and completion tokens, requests without a token count (``unmetered_calls``)."""
+    requests (``calls``), prompt and completion tokens, requests without a token count (``unmetered_calls``) — and
+    the backend that answered (``endpoint`` | ``frozen`` | ``policy``) when known."""
     return {"success": label.success, "reason": label.reason, "error": label.error, "calls": label.attempts,
             "prompt_tokens": label.prompt_tokens, "completion_tokens": label.completion_tokens,
-            "unmetered_calls": label.unmetered}
+            "unmetered_calls": label.unmetered, **({"backend": backend} if backend else {})}
 
 
 def _totals() -> dict[str, int]:
@@ -121,7 +122,7 @@ class SubagentJudge:
         labels = await asyncio.gather(*(self.label(node, goal) for _, node, goal in jobs))
         per_tree: dict[str, dict[str, int]] = {t.id: _totals() for t in trees}
         for (tree, node, _), label in zip(jobs, labels):
-            rec = judge_record(label)
+            rec = judge_record(label, getattr(self.judge, "backend", None))
             node.misc[SPENT_KEY] = rec
             if label.success is None:
                 node.skip_gradient_update = True  # this sub-agent's tokens leave training; the tree stays
@@ -155,7 +156,7 @@ class SubagentJudge:
         labels = await asyncio.gather(*(self.label(node, goal) for _, _, node, goal in jobs))
         per_tree: dict[str, dict[str, int]] = {t.id: _totals() for t in trees}
         for (tree, branch, node, _), label in zip(jobs, labels):
-            rec = judge_record(label)
+            rec = judge_record(label, getattr(self.judge, "backend", None))
             node.misc[BRANCH_KEY] = rec
             branch.success = label.success
             _add(per_tree[tree.id], rec)

@@ -12,6 +12,8 @@ from sera_jax.config.schema import (
                                     MethodSection,
                                     ModelSection,
                                     RolloutSection,
+                                    RoleSection,
+                                    RolesSection,
                                     RunConfig,
                                     TrainSection,
                                     WarmStartSection,
@@ -19,5 +21,5 @@ from sera_jax.config.schema import (
 from sera_jax.config.validate import check_mesh, validate
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "BatchSection",
-           "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RunConfig", "load_config", "from_dict",
+           "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RoleSection", "RolesSection", "RunConfig", "load_config", "from_dict",
            "parse_override", "split_cli", "validate", "check_mesh", "UserError", "MissingPath"]

@@ -34,7 +34,8 @@ from sera_jax.rl.optim import OptimConfig
 from sera_jax.rl.stages import MethodConfig, method_config
 
 __all__ = ["ConfigError", "ModelSection", "MethodSection", "EnvSection", "RolloutSection", "EngineSection", "BatchSection",
-           "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RunConfig"]
+           "TrainSection", "JudgeSection", "EndpointSection", "EvalSection", "WarmStartSection", "RoleSection",
+           "RolesSection", "ROLES", "BACKENDS", "RunConfig"]
 
 
 class ConfigError(ValueError):
@@ -203,6 +204,40 @@ class EndpointSection:
     backoff_s: float = 1.0
 
 
+# The model's roles and the backends that can play them (docs/design/roles.md; config/roles.py resolves them).
+ROLES = ("actor", "rubric_writer", "scorer", "judge", "selector")
+BACKENDS = ("policy", "frozen", "endpoint", "file")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSection:
+    # Who plays the role: "policy" (the trainable policy, in process), "frozen" (a frozen copy of the starting
+    # policy, in process), "endpoint" (an OpenAI-compatible server, through the one HTTP client and the
+    # EndpointPolicy interface), "file" (rubric_writer only: a fixed rubric); null = the role's default (the
+    # reference's: the policy; for the judge, judge.kind).
+    backend: Optional[Literal["policy", "frozen", "endpoint", "file"]] = None
+    endpoint: Optional[str] = None       # base URL (backend endpoint); null = $SERA_EXTERNAL_ENDPOINT at run time
+    model: Optional[str] = None          # the served model's name; null = $SERA_EXTERNAL_MODEL at run time
+    api_key_env: str = "SERA_EXTERNAL_API_KEY"  # the key is read from this variable, never from the config
+    # The served model's tokenizer (prompt budgets are counted in it): a path; null = the server's own (sera-serve
+    # sends it), else the run's tokenizer.
+    tokenizer: Optional[str] = None
+    concurrency: int = 16                # requests in flight (the reference's rubric_subagent_reward.max_concurrency)
+    timeout_s: float = 1800.0            # per request, whole (the reference's timeout_seconds)
+    retries: int = 4                     # after the first attempt: the reference's external client makes 5 attempts
+    backoff_s: float = 1.0               # before retry k: backoff_s × 2^(k-1), at most 30 s (the reference's)
+    path: Optional[str] = None           # backend file: a rubric JSON; null = the environment's shipped global rubric
+
+
+@dataclasses.dataclass(frozen=True)
+class RolesSection:
+    actor: RoleSection = RoleSection()
+    rubric_writer: RoleSection = RoleSection()
+    scorer: RoleSection = RoleSection()
+    judge: RoleSection = RoleSection()
+    selector: RoleSection = RoleSection()
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
     task_set: str = "val"
@@ -294,6 +329,7 @@ class RunConfig:
     eval: EvalSection = EvalSection()
     endpoint: EndpointSection = EndpointSection()
     warmstart: WarmStartSection = WarmStartSection()
+    roles: RolesSection = RolesSection()
 
     def model_config(self) -> Qwen3Config:
         """Returns the Qwen3Config: the preset (or ``hf_dir``'s config.json when preset is null) + overrides."""

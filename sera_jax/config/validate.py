@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 
 from sera_jax.agents import environments
+from sera_jax.config.roles import backend, check_roles
 from sera_jax.config.schema import ConfigError, RunConfig
 from sera_jax.model import Qwen3Config, abstract_params, param_logical_axes
 from sera_jax.parallel.rules import SAMPLE_RULES, TRAIN_RULES, check_divisible
@@ -144,14 +145,38 @@ def validate(cfg: RunConfig, *, num_devices: int | None = None, check_paths: boo
     need(cfg.env.rules == "reference" or "env.rules" in env.options, "env.rules",
          "world rules apply to textworld_sync only")
     needs_labels = method.execution_reward == "rao" or method.uses("rubric_generation")
-    need(env.programmatic or not needs_labels or cfg.judge.kind != "programmatic", "judge.kind",
+    check_roles(cfg, programmatic_env=env.programmatic)
+    need(env.programmatic or not needs_labels or backend(cfg, "judge") is not None, "judge.kind",
          f"{method.name} on {env.name} needs sub-agent labels from a judge (openai or policy_frozen)")
     need(method.ranking_objective != "order_discrimination" or "order_discrimination" in env.options,
          "method.ranking_objective", f"order_discrimination is a TextCraft ablation (Rank+Disc): the reference "
          f"refuses it for {env.name}, so no paper method exists to reproduce")
     need(cfg.judge.kind != "openai" or bool(cfg.judge.endpoint or cfg.judge.endpoint_env), "judge.endpoint",
          "an openai judge needs endpoint or endpoint_env")
+    check_trained_tokens(cfg, method)
     check_mesh(cfg, num_devices, model_cfg=model_cfg)
+
+
+def check_trained_tokens(cfg: RunConfig, method=None) -> None:
+    """The training guard: only tokens the trainable policy produced become datums. Raises ConfigError (one line)
+    when a training recipe would train on tokens it did not produce: the rubric-generation stage trains the rubric
+    writer's tokens, so its writer must be the policy; returns None. (Agent turns are the actor's: a served actor is
+    refused by ``check_trainable_actor`` when a run is built for training, since sera-eval may serve one.)"""
+    method = method or cfg.method_config()
+    writer = backend(cfg, "rubric_writer")
+    if method.uses("rubric_generation") and writer != "policy":
+        raise ConfigError(f"roles.rubric_writer.backend: {writer!r} writes rubrics the trainable policy did not, but "
+                          f"{method.name}'s schedule {method.stage_schedule} trains the rubric writer's tokens "
+                          "(rubric_generation); write roles.rubric_writer.backend: policy, or a schedule without "
+                          "rubric_generation (method.name: sera_wo_d_rt)")
+
+
+def check_trainable_actor(cfg: RunConfig) -> None:
+    """Raises ConfigError when the actor, whose every turn a training step trains, is not the trainable policy."""
+    actor = backend(cfg, "actor")
+    if actor != "policy":
+        raise ConfigError(f"roles.actor.backend: {actor!r} cannot be trained (its turns are not the trainable "
+                          "policy's tokens); write roles.actor.backend: policy, or evaluate it with sera-eval")
 
 
 @functools.lru_cache(maxsize=8)

@@ -173,6 +173,14 @@ def delegation_datums(tree: Tree, decode: Callable[[list[int]], str], *, env: En
     return out
 
 
+def policy_tokens(turn) -> bool:
+    """Returns whether a recorded call's tokens are the trainable policy's: a side call played by another backend
+    (``misc["backend"]``: frozen, endpoint) is not, nor a turn whose behaviour logprobs are unknown (NaN: served)."""
+    if turn.misc.get("backend", "policy") != "policy":
+        return False
+    return not any(lp != lp for lp in turn.logprobs)
+
+
 def rubric_datums(trees: Sequence[Tree], *, objective: str = "hinge", margin: float = 0.2,
                   scale: float = 2.0) -> list[Datum]:
     """Returns the rubric-generation datums of one task group: one per *ranked* fork group (the fresh rubric
@@ -184,6 +192,8 @@ def rubric_datums(trees: Sequence[Tree], *, objective: str = "hinge", margin: fl
     for tree in trees:
         for g in tree.fork_groups:
             if g.skipped or g.rubric is None or g.rubric_turn is None or not g.rubric_turn.completion_ids:
+                continue
+            if not policy_tokens(g.rubric_turn):  # only the trainable policy's tokens are trained (roles.md)
                 continue
             scores = [b.score for b in g.branches]
             labels = [b.success for b in g.branches]

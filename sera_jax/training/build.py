@@ -23,11 +23,13 @@ from sera_jax.agents.subagent_judge import SubagentJudge
 from sera_jax.assembly.concurrency import groups_in_flight, per_rank_concurrency
 from sera_jax.assembly.engines import (JUDGE_KV_FRACTION, KV_FRACTION, engine_config, engine_maker, num_engines,
                                       simulated_engine_config, simulation)
-from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_judge
+from sera_jax.assembly.judge import judge_roles, judge_settings, uses_frozen_judge, uses_policy_judge
+from sera_jax.assembly.roles import build_roles, close_roles, needs_frozen_engine
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.assembly.tasks import load_env_tasks
 from sera_jax.assembly.tokenizer import resolve_tokenizer
 from sera_jax.config import MissingPath, RunConfig, UserError, check_mesh
+from sera_jax.config.validate import check_trainable_actor
 from sera_jax.model import init_params, load_pretrained
 from sera_jax.parallel.hosts import Exchange, PeerWatch, deal_ranks, start_distributed
 from sera_jax.parallel.mesh import make_mesh
@@ -106,6 +108,7 @@ async def build_loop(cfg: RunConfig, *, out_dir: str | Path | None = None) -> As
 @contextlib.asynccontextmanager
 async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) -> AsyncIterator[Loop]:
     multi = exchange is not None
+    check_trainable_actor(cfg)  # before any compute: a training step trains every actor turn
     out_dir.mkdir(parents=True, exist_ok=True)
     check_mesh(cfg, jax.device_count())
     mesh = make_mesh(cfg.mesh)
@@ -133,7 +136,8 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
     settings = runtime_settings(cfg)
     # TextWorld asks a judge for RT branch labels (rubric stage) and for the RAO family's sub-agent rewards.
     tw_rubric_stage, tw_execution_judge = judge_roles(cfg)
-    frozen_judge = uses_frozen_judge(cfg)
+    # A frozen copy of the starting policy: the policy_frozen judge's and/or a frozen rubric writer's or scorer's.
+    frozen_judge = uses_frozen_judge(cfg) or needs_frozen_engine(cfg)
     # One engine per local device (rollout.engines), each with its own pool; a task group runs on one of them.
     local = jax.local_devices()
     n_engines = num_engines(cfg, local)
@@ -148,14 +152,17 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
                                   devices=[local[0]] * n_engines if simulated else local[:n_engines],
                                   tokenizer=tokenizer, seed=cfg.train.seed, make=engine_maker(cfg, tokenizer))
     judge = judge_engine = None
+    if frozen_judge:
+        # The initial policy's weights, never updated (the run's restore comes later and publishes only to
+        # the policy engines): labels do not drift with training.
+        judge_engine = frozen_policy_engine(
+            model_cfg, host_params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
+                                                   JUDGE_KV_FRACTION), tokenizer, device=local[0])
     if tw_rubric_stage or tw_execution_judge:
-        if frozen_judge:
-            # The initial policy's weights, never updated (the run's restore comes later and publishes only to
-            # the policy engines): labels do not drift with training.
-            judge_engine = frozen_policy_engine(
-                model_cfg, host_params, engine_config(cfg, sampler_dtype, groups_in_flight(cfg),
-                                                       JUDGE_KV_FRACTION), tokenizer, device=local[0])
-        judge = make_judge(env, judge_settings(cfg), generator=judge_engine, tokenizer=tokenizer)
+        judge = make_judge(env, judge_settings(cfg), tokenizer=tokenizer,
+                           generator=engine if uses_policy_judge(cfg) else judge_engine)
+    roles = await build_roles(cfg, tokenizer=tokenizer, frozen=judge_engine, keep_dir=out_dir / "roles",
+                              min_items=method.min_rubric_criteria)
     # Labels come after a group's trees, j.concurrency requests in flight over all groups (docs/design/recipes.md §1b, §3):
     # RT branches only of fork groups whose rubric is valid (the judge keeps its retries); sub-agents once each.
     branch_labels = SubagentJudge(judge, concurrency=cfg.judge.concurrency) if tw_rubric_stage else None
@@ -167,7 +174,7 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
                                 keep=cfg.train.keep_checkpoints)
     data_files = files + ([tok_path] if Path(tok_path).is_file() else [])
     run_group = GroupRunner(cfg, method, engine, tokenizer, settings, judge=judge, branch_labels=branch_labels,
-                            execution_labels=execution_labels, pool=pool)
+                            execution_labels=execution_labels, pool=pool, roles=roles)
     loop = Loop(state=state, step_fn=step_fn, publish=engine.load_weights, run_group=run_group, tasks=tasks,
                 method=method, stream=task_stream(cfg, len(tasks)), env=env,
                 decode=tokenizer.decode, mesh=mesh, tasks_per_step=cfg.rollout.tasks_per_step,
@@ -225,6 +232,7 @@ async def _build_loop(cfg: RunConfig, out_dir: Path, exchange: Exchange | None) 
             judge_engine.close()
         if pool is not None:
             await pool.close()
+        await close_roles(roles)
         checkpointer.close()
         if loop.metrics is not None:
             loop.metrics.close()

@@ -33,13 +33,14 @@ class GroupRunner:
     branch_labels: SubagentJudge | None = None
     execution_labels: SubagentJudge | None = None
     pool: Any = None
+    roles: Any = None                             # agents.roles.RoleCallers: who writes, scores (None: the policy)
 
     async def __call__(self, task: Any, stage: str, version: int) -> list[Tree]:
         """Returns the usable, labelled trees of ``task``'s group at ``stage`` under policy ``version``."""
         cfg, env = self.cfg, self.cfg.env.name
         deferred = stage == "rubric_generation" and self.branch_labels is not None
         factory = make_launcher_factory(stage, self.method, env, judge=DeferredJudge() if deferred else self.judge,
-                                        settings=self.settings)
+                                        settings=self.settings, roles=self.roles)
         with self.engine.pinned():  # the group's trees, forks and scoring calls share one engine's prefix cache
             trees = await run_trees([task], env, self.engine, self.tokenizer,
                                     stage_settings(self.settings, cfg, stage, version),

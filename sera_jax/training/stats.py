@@ -22,6 +22,15 @@ the supervision was spent either way; groups cancelled in flight left no records
 * ``supervision/execution_judge_{labels,failures,calls,prompt_tokens,completion_tokens,unmetered_calls}`` — the
   share of the above spent on the TextWorld RAO family's execution labels (``agents.subagent_judge``: one request
   per non-root node; a failure takes that sub-agent out of training), with the sub-agents it failed on.
+
+What each role spent (``roles/<role>/<backend>/{calls,prompt_tokens,completion_tokens,failures}``, docs/design/roles.md;
+roles actor, rubric_writer, scorer, judge, selector; backends policy, frozen, endpoint, file), summed likewise:
+
+* the actor — every agent turn (``endpoint`` for a served actor's turns, else ``policy``), failures = agent errors;
+* the rubric writer, the scorer and the selector — the side calls' own records (``agents.roles``: every attempt a
+  call, an attempt without a usable reply a failure); a file-backed writer is named with 0 calls;
+* the judge — its label records (branch and execution labels; failures = labels it could not give), by the
+  backend that answered.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from sera_jax.agents import infra
 from sera_jax.agents.env_name import DEFAULT_ENV, EnvName
 from sera_jax.agents.environments import environment
 from sera_jax.agents.records import Tree, TreeIndex
+from sera_jax.agents.roles import SPEND_FIELDS, SPEND_KEY, empty_spend
 from sera_jax.agents.subagent_judge import BRANCH_KEY, SPENT_KEY
 
 
@@ -82,7 +92,8 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
         refused["cell_limit_stops"] += int(stats.get("cell_limit_stops", 0))
         rs = t.misc.get("rubric_stats", {})
         if "children" in rs:  # execution stage (RubricCoordinator): a rubric per child, a score per valid rubric
-            rubric["rubric_calls"] += int(rs.get("children", 0) or 0)
+            if rs.get("rubric_writer") != "file":  # a fixed rubric file: no rubric call at all
+                rubric["rubric_calls"] += int(rs.get("children", 0) or 0)
             rubric["score_calls"] += int(rs.get("scored", 0) or 0) + int(rs.get("score_invalid", 0) or 0)
         else:  # rubric-generation stage (counterfactual collector): a rubric per complete group, a score per branch
             rubric["rubric_calls"] += int(rs.get("complete", rs.get("rubrics", 0)) or 0)
@@ -115,6 +126,7 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
                 aucs.append(auc)
                 accs.append(pairwise_accuracy([b.score for b in scored], [bool(b.success) for b in scored]))
     out: dict[str, Any] = {
+        **role_spend(trees),
         "root_success": float(np.mean(root_success)), "delegation_rate": float(np.mean(delegated)),
         "nodes_per_tree": float(np.mean(nodes)), "max_depth": float(np.max(depth)),
         "completion_tokens": float(np.sum(tokens)), "agent_errors": float(np.sum(errors)),
@@ -141,3 +153,33 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
             out["subagent_score_auc"] = auc
             out["subagent_score_accuracy"] = pairwise_accuracy(child_scores, child_labels)
     return out
+
+
+def role_spend(trees: Sequence[Tree]) -> dict[str, float]:
+    """Returns ``roles/<role>/<backend>/<field>`` sums over ``trees`` (see the module docstring)."""
+    spend: dict[str, dict[str, int]] = {}
+
+    def add(key: str, **fields: int) -> None:
+        rec = spend.setdefault(key, empty_spend())
+        for k, v in fields.items():
+            rec[k] += int(v or 0)
+
+    for t in trees:
+        for node in t.nodes.values():
+            for turn in node.turns:
+                served = bool((turn.misc.get("usage") or {}).get("route"))
+                add("actor/endpoint" if served else "actor/policy", calls=1, prompt_tokens=len(turn.prompt_ids),
+                    completion_tokens=len(turn.completion_ids))
+            for k in (BRANCH_KEY, SPENT_KEY):
+                rec = node.misc.get(k) or {}
+                if rec.get("backend") and int(rec.get("calls", 0) or 0):
+                    add(f"judge/{rec['backend']}", calls=rec["calls"], prompt_tokens=rec.get("prompt_tokens"),
+                        completion_tokens=rec.get("completion_tokens"), failures=rec.get("success") is None)
+        errors = int(t.misc.get("stats", {}).get("agent_errors", 0) or 0)
+        if errors:
+            add("actor/policy", failures=errors)
+        for key, rec in (t.misc.get(SPEND_KEY) or {}).items():
+            add(key, **{f: rec.get(f, 0) for f in SPEND_FIELDS})
+        if (t.misc.get("rubric_stats") or {}).get("rubric_writer") == "file":
+            add("rubric_writer/file")
+    return {f"roles/{key}/{f}": float(v) for key, rec in sorted(spend.items()) for f, v in rec.items()}

@@ -46,7 +46,7 @@ TEXTWORLD_DEMO_VERSION = 4  # 3: the verdict-flip demos (``verdict_flip_datums``
 def _judge(cfg: Any, generator: Any, tokenizer: Any) -> SubagentJudge:
     """Returns the judge the demos ask, answered by the recording oracle: the run's ``policy_frozen`` settings (its
     prompt style and caps), so the judge requests the policy learns are the ones it will be sent."""
-    settings = judge_settings(dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, kind="policy_frozen")))
+    settings = judge_settings(cfg, kind="policy_frozen")
     return SubagentJudge(make_judge(ENV, settings, generator=generator, tokenizer=tokenizer),
                          concurrency=cfg.judge.concurrency)
 

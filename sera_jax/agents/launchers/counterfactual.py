@@ -58,6 +58,7 @@ from sera_jax.agents.launchers.base import (
 )
 from sera_jax.agents.policy_call import CallSpec
 from sera_jax.agents.records import Branch, ForkGroup, Node, Tree
+from sera_jax.agents.roles import POLICY_ROLES, RoleCallers
 from sera_jax.agents.rubric_calls import (
     RubricConfig,
     observable_state,
@@ -84,8 +85,11 @@ class CounterfactualCollector:
     kind = "counterfactual"
 
     def __init__(self, env: EnvName, judge: Any, config: RubricConfig | None = None, *, branches: int = BRANCHES,
-                 max_envs: int = MAX_ENVS):
+                 max_envs: int = MAX_ENVS, roles: RoleCallers | None = None):
         self.env, self.judge, self.config = env, judge, config or RubricConfig()
+        # Who scores the branches (agents/roles.py); the rubric is the trainable policy's, its tokens the datum
+        # (config/validate.py refuses another writer for this stage).
+        self.roles = roles or POLICY_ROLES
         self.branches, self.max_envs = branches, max_envs
         self.created = 1
         self.run: Any = None
@@ -175,7 +179,8 @@ class CounterfactualCollector:
         # What the label cost is kept with it, so step metrics can sum the supervision spent from the records.
         node.misc["judge_label"] = {"success": label.success, "reason": label.reason, "error": label.error,
                                     "calls": label.attempts, "prompt_tokens": label.prompt_tokens,
-                                    "completion_tokens": label.completion_tokens, "unmetered_calls": label.unmetered}
+                                    "completion_tokens": label.completion_tokens, "unmetered_calls": label.unmetered,
+                                    **({"backend": b} if (b := getattr(self.judge, "backend", None)) else {})}
         return label.success
 
     def _annotate(self, req: LaunchRequest, ids: list[str], groups: list[str]) -> None:
@@ -194,10 +199,10 @@ class CounterfactualCollector:
             tree.misc["rubric_stats"] = {"groups": 0, "complete": 0, "rubric_invalid": 0, "scores": 0,
                                          "score_invalid": 0}
             return dict(tree.misc["rubric_stats"])
-        return await rank_fork_groups(tree, self.run, self.config)
+        return await rank_fork_groups(tree, self.run, self.config, roles=self.roles)
 
 
-async def rank_fork_groups(tree: Tree, run: Any, config: RubricConfig) -> dict:
+async def rank_fork_groups(tree: Tree, run: Any, config: RubricConfig, *, roles: RoleCallers | None = None) -> dict:
     """Writes the fresh rubric and the 8 branch scores of every complete fork group of ``tree``; returns counts
     (also in ``tree.misc["rubric_stats"]``).
 
@@ -208,7 +213,8 @@ async def rank_fork_groups(tree: Tree, run: Any, config: RubricConfig) -> dict:
     inputs = tree.misc.get(INPUTS_KEY, {})
     groups = [g for g in tree.fork_groups if g.complete and g.id in inputs]
     stats["complete"] = len(groups)
-    results = await asyncio.gather(*(_rank_group(run, config, tree, g, inputs[g.id]) for g in groups))
+    roles = roles or POLICY_ROLES
+    results = await asyncio.gather(*(_rank_group(run, config, tree, g, inputs[g.id], roles) for g in groups))
     for g, note in zip(groups, results):
         notes[g.id] = note
         stats["rubric_invalid"] += int(g.rubric is None)
@@ -218,7 +224,8 @@ async def rank_fork_groups(tree: Tree, run: Any, config: RubricConfig) -> dict:
     return stats
 
 
-async def _rank_group(run: Any, cfg: RubricConfig, tree: Tree, g: ForkGroup, inputs: dict) -> dict:
+async def _rank_group(run: Any, cfg: RubricConfig, tree: Tree, g: ForkGroup, inputs: dict,
+                      roles: RoleCallers) -> dict:
     parent = tree.nodes[g.parent_id]
     # The launch-time reply, as the execution stage shows it (module docstring: the special-token departure).
     ctx = rubric_context(parent, inputs["messages"], inputs["action"], g.branches[0].initial_state or {}, g.goal,
@@ -227,7 +234,7 @@ async def _rank_group(run: Any, cfg: RubricConfig, tree: Tree, g: ForkGroup, inp
                                    "parent_depth": parent.depth, "child_depth": g.child_depth,
                                    "fork_step": g.fork_step, "branch_index": 0})
     call, rubric, err = await write_rubric(run, ctx, cfg.rubric_spec(), f"rubric:{g.id}", min_items=cfg.min_items,
-                                           depth=parent.depth)
+                                           depth=parent.depth, caller=roles.rubric_writer)
     g.rubric_turn, g.rubric, g.score_turns = call.turn, rubric, []
     for b in g.branches:
         b.score = None
@@ -236,7 +243,8 @@ async def _rank_group(run: Any, cfg: RubricConfig, tree: Tree, g: ForkGroup, inp
         return {"rubric_error": err}
     spec: CallSpec = cfg.scoring_spec()
     scored = await asyncio.gather(*(score_node(run, rubric, tree.nodes[b.trajectory_id], b.final_state or {},
-                                               spec, f"score:{g.id}#b{b.branch_index}") for b in g.branches))
+                                               spec, f"score:{g.id}#b{b.branch_index}", caller=roles.scorer)
+                                    for b in g.branches))
     errors = {}
     for b, (scall, score, serr) in zip(g.branches, scored):
         if scall.turn is not None:

@@ -34,6 +34,7 @@ from sera_jax.agents.launchers.best_of_n import BestOfNSelector
 from sera_jax.agents.launchers.counterfactual import CounterfactualCollector
 from sera_jax.agents.launchers.rubric import RubricCoordinator, usable_trees
 from sera_jax.agents.records import Tree
+from sera_jax.agents.roles import RoleCallers
 from sera_jax.agents.rubric_calls import RubricConfig, run_limits
 
 __all__ = ["LauncherFactory", "make_launcher_factory", "rubric_stage_config", "usable_trees"]
@@ -63,19 +64,20 @@ class LauncherFactory:
 
 
 def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any = None,
-                          selection: dict | None = None, settings: Any = None,
+                          selection: dict | None = None, settings: Any = None, roles: RoleCallers | None = None,
                           **rubric_overrides: Any) -> LauncherFactory:
     """Returns the LauncherFactory for ``stage`` ("execution" | "delegation" | "rubric_generation" |
     "evaluation") under ``method`` (an ``rl.stages.MethodConfig``). ``judge`` labels TextWorld branches in the
     rubric-generation stage (TextCraft labels are programmatic); ``selection`` (e.g. ``{"n": 2, "fork_budget": 32}``)
     turns on test-time selection in evaluation. ``settings`` (the run's ``RuntimeSettings``) sets the rubric and
     scoring calls' caps: agent prompt cap + agent completion cap − the call's own cap, cut to the serving context
-    (without it: TextCraft's training caps and no context cut); ``rubric_overrides`` (RubricConfig fields) win."""
+    (without it: TextCraft's training caps and no context cut); ``rubric_overrides`` (RubricConfig fields) win.
+    ``roles`` (``agents/roles.py``) says who writes and scores rubrics and who selects; None: the policy."""
     rubric_overrides = {**(run_limits(settings) if settings is not None else {}), **rubric_overrides}
     if stage == "execution":
         if method.execution_reward == "rubric":
             cfg = RubricConfig.from_method(method, **rubric_overrides)
-            return LauncherFactory(lambda: RubricCoordinator(env, cfg), "rubric")
+            return LauncherFactory(lambda: RubricCoordinator(env, cfg, roles), "rubric")
         return LauncherFactory(DefaultLauncher, "default")
     if stage == "delegation":
         return LauncherFactory(DefaultLauncher, "default")
@@ -87,12 +89,14 @@ def make_launcher_factory(stage: str, method: Any, env: EnvName, *, judge: Any =
         cfg = _rubric_stage(method, rubric_overrides)
         return LauncherFactory(lambda: CounterfactualCollector(
             env, judge, cfg, branches=method.branching_factor,
-            max_envs=method.max_counterfactual_envs_per_rollout), "counterfactual")
+            max_envs=method.max_counterfactual_envs_per_rollout, roles=roles), "counterfactual")
     if stage == "evaluation":
         if selection:
             opts = dict(selection)
             if rubric_overrides and "config" not in opts:
                 opts["config"] = RubricConfig(**rubric_overrides)
+            if roles is not None and "roles" not in opts:
+                opts["roles"] = roles
             return LauncherFactory(lambda: BestOfNSelector(env, **opts), "best_of_n")
         return LauncherFactory(DefaultLauncher, "default")
     raise ValueError(f"unknown stage {stage!r}")

@@ -35,6 +35,7 @@ from sera_jax.agents.launchers.base import LaunchOutcome, LaunchRequest
 from sera_jax.agents.lockstep import Lockstep
 from sera_jax.agents.policy_call import call_summary
 from sera_jax.agents.records import Node, RubricScore, Tree
+from sera_jax.agents.roles import POLICY_ROLES, RoleCallers
 from sera_jax.agents.rubric import Score
 from sera_jax.agents.rubric_calls import (
     RubricConfig,
@@ -85,8 +86,9 @@ class RubricCoordinator:
 
     kind = "rubric"
 
-    def __init__(self, env: EnvName, config: RubricConfig | None = None):
+    def __init__(self, env: EnvName, config: RubricConfig | None = None, roles: RoleCallers | None = None):
         self.env, self.config = env, config or RubricConfig()
+        self.roles = roles or POLICY_ROLES  # who writes and who scores (agents/roles.py)
         self.pending: list[asyncio.Task] = []
         self.stats = {"children": 0, "rubric_invalid": 0, "score_invalid": 0, "scored": 0}
 
@@ -103,7 +105,8 @@ class RubricCoordinator:
                                            "child_depth": spec.depth, "fork_step": req.fork_step})
             # Started before the child exists: the rubric is written from what the parent knew when delegating.
             rubrics.append(asyncio.ensure_future(write_rubric(run, ctx, cfg.rubric_spec(), f"rubric:{spec.child_id}",
-                                                              min_items=cfg.min_items, depth=parent.depth)))
+                                                              min_items=cfg.min_items, depth=parent.depth,
+                                                              caller=self.roles.rubric_writer)))
         gate = (Lockstep([s.child_id for s in req.specs])
                 if run.settings.deterministic and len(req.specs) > 1 else None)
 
@@ -129,13 +132,15 @@ class RubricCoordinator:
         cfg = self.config
         self.stats["children"] += 1
         call, rubric, err = await rubric_task
-        record: dict[str, Any] = {"rubric_call": call_summary(call), "rubric_error": err}
+        record: dict[str, Any] = {"rubric_call": call_summary(call), "rubric_error": err,
+                                  "roles": self.roles.describe()}
         child.misc["rubric"] = record
         if rubric is None:
             self.stats["rubric_invalid"] += 1
             apply_failure(run.tree, child, cfg.failure_policy, f"invalid rubric: {err}", None)
             return
-        scall, score, serr = await score_node(run, rubric, child, final, cfg.scoring_spec(), f"score:{child.id}")
+        scall, score, serr = await score_node(run, rubric, child, final, cfg.scoring_spec(), f"score:{child.id}",
+                                              caller=self.roles.scorer)
         record.update({"score_call": call_summary(scall), "score_error": serr})
         if score is None:
             self.stats["score_invalid"] += 1
@@ -149,5 +154,7 @@ class RubricCoordinator:
         while self.pending:
             batch, self.pending = self.pending, []
             await asyncio.gather(*batch)
-        tree.misc["rubric_stats"] = dict(self.stats)
-        return dict(self.stats)
+        # Who wrote and scored, named only when not the policy (so the reference's records read as before).
+        roles = {k: v for k, v in self.roles.describe().items() if k != "selector" and v != "policy"}
+        tree.misc["rubric_stats"] = {**self.stats, **roles}
+        return dict(tree.misc["rubric_stats"])
