@@ -42,10 +42,15 @@ def no_empty_folder(path: str | Path) -> Iterator[None]:
 
 def load_or_report(args: Sequence[str], *, check_paths: bool = True) -> RunConfig | None:
     """Returns the RunConfig of ``args`` (YAML files, then ``a.b=c`` overrides; the tiny CPU default when no file is
-    given), or None after printing ``config error: …`` (naming the key) to stderr."""
+    given), or None after printing ``config error: …`` (naming the key) to stderr. A config with
+    ``engine.backend: simulated`` installs its simulated device (``cli/simulate.py``)."""
+    from sera_jax.cli.simulate import install_for
+
     paths, overrides = split_cli(list(args))
     try:
-        return load_config(paths or [str(DEFAULT_CONFIG)], overrides, check_paths=check_paths)
+        cfg = load_config(paths or [str(DEFAULT_CONFIG)], overrides, check_paths=check_paths)
+        install_for(cfg)  # engine.backend: simulated (--simulate GPU): the simulated device, before any engine
+        return cfg
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return None

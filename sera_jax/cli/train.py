@@ -10,12 +10,13 @@ import sys
 import jax
 from tqdm import tqdm
 
-from sera_jax.cli import preemption
+from sera_jax.cli import preemption, simulate
 from sera_jax.cli.common import (CONFIG_ERROR, end_processes, load_or_report, report_user_error, start_processes,
                                  use_compilation_cache)
 from sera_jax.config import UserError
 from sera_jax.experiments.default_run import run_default
 from sera_jax.experiments.dry_run import dry_run
+from sera_jax.sampling.simulation import label as simulation_label
 from sera_jax.training.build import train_from_config
 from sera_jax.training.loop import StepOutcome, StopRequested
 from sera_jax.training.resume import finished_version, saved_version
@@ -28,6 +29,7 @@ def step_line(o: StepOutcome) -> str:
     """Returns one attempt's JSON line: version, stage, skip reason and the headline metrics."""
     m = o.metrics
     return json.dumps({"version": o.version, "stage": o.stage, "skipped": o.skipped, "reason": o.reason,
+                       **simulation_label(),
                        **{k: round(m[k], 6) if isinstance(m.get(k), float) else m.get(k) for k in SHOWN if k in m}})
 
 
@@ -44,11 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fallback", action="store_true", help=(
         "refuse to resume when the newest checkpoint cannot be read (default: report it and resume from the "
         "newest intact one; train.checkpoint_fallback=false)"))
+    simulate.add_argument(p)
     args = p.parse_args(argv)
     if not start_processes("sera-train"):  # a multi-host job's runtime first: nothing may touch the backend before
         return CONFIG_ERROR
     preemption.install()  # SIGTERM (a preemption notice) takes Ctrl-C's path: save, then exit 143
-    cfg = load_or_report(args.args + (["train.checkpoint_fallback=false"] if args.no_fallback else []))
+    cfg = load_or_report(args.args + (["train.checkpoint_fallback=false"] if args.no_fallback else [])
+                         + simulate.overrides(args))
     if cfg is None:
         return CONFIG_ERROR
     out = args.out or cfg.train.out_dir

@@ -61,6 +61,7 @@ class Environment:
     Warm start: ``warmstart_oracle(cfg, tokenizer, tasks)`` (async) → (datums, stats); ``demo_version`` its
     demonstrations' version; ``warmstart_recipe(cfg)`` → what else shapes its demos (a dict, or None);
     ``shipped_warmstart``: the shipped warm start's asset directory. ``tokenizer``: its builtin tokenizer.
+    Simulation: ``simulation_script(cfg, tokenizer)`` → the emissions a simulated device plays (its oracle's).
     """
 
     name: str
@@ -82,6 +83,7 @@ class Environment:
     task_set_error: Ref = None
     options: frozenset[str] = frozenset()
     warmstart_oracle: Ref = None
+    simulation_script: Ref = None
     demo_version: Ref = None
     warmstart_recipe: Ref = None
     shipped_warmstart: str | None = None

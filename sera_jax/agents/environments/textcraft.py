@@ -60,6 +60,7 @@ TEXTCRAFT = register(Environment(
     task_set_error=task_set_error,
     options=frozenset({"order_discrimination"}),
     warmstart_oracle="sera_jax.warmstart.demos:collect_demos",
+    simulation_script="sera_jax.warmstart.simulation_script:textcraft_script",
     demo_version="sera_jax.warmstart.demos:DEMO_VERSION",
     shipped_warmstart="tiny_warmstart",
     tokenizer=BuiltinTokenizer("textcraft", "textcraft_tiny.model", "sera_jax.warmstart.tokenizer"),

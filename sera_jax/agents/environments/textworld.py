@@ -37,6 +37,7 @@ TEXTWORLD = register(Environment(
     task_set_error="envs_py.textworld_sync.task_sets:task_set_error",
     options=frozenset({"env.rules", "warmstart.child_rule", "warmstart.copy_task_set"}),
     warmstart_oracle="sera_jax.warmstart.textworld_demos:collect_textworld_demos",
+    simulation_script="sera_jax.warmstart.simulation_script:textworld_script",
     demo_version="sera_jax.warmstart.textworld_demos:TEXTWORLD_DEMO_VERSION",
     warmstart_recipe="sera_jax.warmstart.textworld_demos:recipe_play",
     shipped_warmstart="tiny_textworld_warmstart",
