@@ -98,13 +98,16 @@ async def build_roles(cfg: RunConfig, *, tokenizer: Any, frozen: Any = None, kee
                 raise UserError(f"roles.{role}.path: {e}") from None
             callers[role] = RoleCaller(role, "file", rubric=rubric)
         else:
-            address = (*endpoint_address(cfg, role), sec.tokenizer, sec.api_key_env, sec.timeout_s, sec.concurrency)
+            address = (*endpoint_address(cfg, role), sec.tokenizer, sec.api_key_env, sec.timeout_s, sec.concurrency,
+                       sec.thinking_off)
             if address not in shared:
                 client, model = endpoint_client(cfg, role)
                 tok, source = await endpoint_tokenizer(cfg, role, client, model, tokenizer, keep_dir)
                 # One attempt per request here: the role's caller retries a failed or invalid reply itself.
+                extra = {"reasoning_effort": "none"} if sec.thinking_off else {}
                 shared[address] = EndpointPolicy(client, model, tok, EndpointSettings(
-                    concurrency=sec.concurrency, max_attempts=1, backoff_s=sec.backoff_s), tokenizer_source=source)
+                    concurrency=sec.concurrency, max_attempts=1, backoff_s=sec.backoff_s, extra_body=extra),
+                    tokenizer_source=source)
             policy = shared[address]
             callers[role] = RoleCaller(role, "endpoint", generator=policy, tokenizer=policy.tokenizer,
                                        max_attempts=sec.retries + 1, backoff_s=sec.backoff_s)
@@ -123,7 +126,8 @@ def selector_judge(cfg: RunConfig) -> ChatJudge | None:
         return ChatJudge(url, model, api_key=os.environ.get(sec.api_key_env) or None, timeout_s=sec.timeout_s,
                          max_attempts=sec.retries + 1, backoff_s=sec.backoff_s, temperature=cfg.judge.temperature,
                          max_tokens=cfg.judge.max_tokens, max_connections=sec.concurrency,
-                         style=cfg.env.prompt_style)
+                         style=cfg.env.prompt_style,
+                         extra_body=None if sec.thinking_off else {})  # None: the judge's thinking-off fields
     except ValueError as e:
         raise UserError(f"roles.selector.endpoint: {e}") from None
 

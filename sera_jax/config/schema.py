@@ -227,6 +227,9 @@ class RoleSection:
     retries: int = 4                     # after the first attempt: the reference's external client makes 5 attempts
     backoff_s: float = 1.0               # before retry k: backoff_s × 2^(k-1), at most 30 s (the reference's)
     path: Optional[str] = None           # backend file: a rubric JSON; null = the environment's shipped global rubric
+    # Requests turn the model's thinking off as the reference's external client does (its extra_body
+    # reasoning_effort "none"); servers that do not know the field ignore it (sera-serve does).
+    thinking_off: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

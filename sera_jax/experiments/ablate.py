@@ -53,7 +53,24 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # The sign control of the whole method (as the TextCraft default's issue-#11 control): every stage's advantages
     # negated, so a method that learns must get worse.
     "sera_sign_flipped": ("SERA, advantage sign flipped (control)", ("step.advantage_sign=-1",), "keep"),
+    # The paper's rubric-design grid (its Scripts/Ablation/textcraft/): SERA w/o D&RT with another rubric writer
+    # and/or scorer (docs/design/roles.md). The external model is $SERA_EXTERNAL_ENDPOINT / $SERA_EXTERNAL_MODEL;
+    # sera-ablate starts a sera-serve of the frozen warm start for them when those are unset.
+    "kimi_rubric_policy_scorer": ("Kimi rubric / policy scorer", (
+        "method.name=sera_wo_d_rt", "roles.rubric_writer.backend=endpoint"), "execution:1"),
+    "kimi_rubric_kimi_scorer": ("Kimi rubric / Kimi scorer", (
+        "method.name=sera_wo_d_rt", "roles.rubric_writer.backend=endpoint", "roles.scorer.backend=endpoint"),
+        "execution:1"),
+    "global_rubric_policy_scorer": ("Global rubric / policy scorer", (
+        "method.name=sera_wo_d_rt", "roles.rubric_writer.backend=file"), "execution:1"),
 }
+# The grid of the paper's rubric-design ablation: policy/policy (SERA w/o D&RT), Kimi/policy, Kimi/Kimi, global/policy.
+RUBRIC_GRID = ("sera_wo_d_rt", "kimi_rubric_policy_scorer", "kimi_rubric_kimi_scorer", "global_rubric_policy_scorer")
+
+
+def needs_endpoint(methods: Sequence[str]) -> bool:
+    """Returns whether one of ``methods`` has a role played by an external endpoint."""
+    return any(o.endswith(".backend=endpoint") for m in methods for o in VARIANTS[m][1])
 DEFAULT_METHODS = ("sera", "sera_wo_d", "sera_wo_d_rt", "rao")
 RECORD = "run_record.json"
 PROBE_SET = "rubric_probe_set.jsonl"  # one probe set per ablation: every method and seed ranks the same groups
@@ -125,11 +142,20 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
         "judge_calls": float(sum(r.get("supervision/judge_calls", 0.0) for r in rows)),
         "execution_judge_calls": float(sum(r.get("supervision/execution_judge_calls", 0.0) for r in rows)),
         "judge_labels": float(sum(r.get("supervision/judge_labels", 0.0) for r in rows)),
+        # What each role spent in training (roles/<role>/<backend>/<field>, every attempt), the trajectory tokens
+        # (the actor's completions) and the external supervision: requests to endpoints and the replies they gave
+        # that were used (calls − failures), so methods compare at equal supervision, not only at equal steps.
+        "roles": role_totals(rows),
+        "trajectory_tokens": float(sum(r.get("completion_tokens", 0.0) for r in rows)),
         "rubric_loss": _mean(r.get("loss") for r in rubric_rows),
         "rubric_grad_norm": _mean(r.get("grad_norm") for r in rubric_rows),
         "ranking_accuracy_series": [r.get("rubric_ranking_accuracy") for r in rows
                                     if r.get("stage") == "rubric_generation"],
     }
+    rec["endpoint_calls"] = float(sum(v["calls"] for k, v in rec["roles"].items() if k.endswith("/endpoint")))
+    rec["endpoint_outputs_used"] = float(sum(v["calls"] - v["failures"] for k, v in rec["roles"].items()
+                                             if k.endswith("/endpoint")))
+    rec["endpoint_calls_per_s"] = rec["endpoint_calls"] / rec["train_s"] if rec["train_s"] else None
     for when in ("before", "after"):
         path = run_dir / f"eval_{when}" / PROBE_FILE
         probe = json.loads(path.read_text()) if path.is_file() else {}
@@ -145,6 +171,20 @@ def run_record(run_dir: Path, summary: dict[str, Any], wall_s: float) -> dict[st
                        ("subagent_score_accuracy", None), ("subagent_score_auc", None)):
         rec[key + "_first"], rec[key + "_last"] = _first_last(rows, key, stage)
     return rec
+
+
+def role_totals(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Returns ``{"<role>/<backend>": {calls, prompt_tokens, completion_tokens, failures}}`` summed over step rows."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("roles/") and isinstance(v, (int, float)):
+                _, role, backend, field = k.split("/", 3)
+                out.setdefault(f"{role}/{backend}", {f: 0.0 for f in ROLE_FIELDS})[field] += float(v)
+    return out
+
+
+ROLE_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "failures")
 
 
 def _ms(xs) -> tuple[float | None, float | None]:
@@ -165,7 +205,8 @@ def aggregate(records: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[s
                     "rubric_grad_norm", "rubric_ranking_accuracy_first",
                     "rubric_ranking_accuracy_last", "rubric_ranking_auc_first", "rubric_ranking_auc_last",
                     "subagent_score_accuracy_first", "subagent_score_accuracy_last", "rubric_steps_trained",
-                    "rubric_steps_with_gradient", "ranked_groups_per_rubric_step",
+                    "rubric_steps_with_gradient", "ranked_groups_per_rubric_step", "trajectory_tokens",
+                    "endpoint_calls", "endpoint_outputs_used", "endpoint_calls_per_s",
                     *(f"probe_{k}_{w}" for k in PROBE_KEYS for w in ("before", "after"))):
             row[key] = _ms(r.get(key) for r in recs)
         for k in ("ranking_accuracy", "ranking_auc", "rubric_valid"):
@@ -174,12 +215,21 @@ def aggregate(records: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[s
                                          and r.get(f"probe_{k}_before") is not None)
         row["gain"] = _ms(r["success_after"] - r["success_before"] for r in recs
                           if r.get("success_after") is not None and r.get("success_before") is not None)
+        keys = sorted({k for r in recs for k in r.get("roles", {})})
+        row["roles"] = {k: {f: _ms(r.get("roles", {}).get(k, {}).get(f, 0.0) for r in recs) for f in ROLE_FIELDS}
+                        for k in keys}
         stages = sorted({s for r in recs for s in r["step_s_by_stage"]})
         row["step_s_by_stage"] = {s: _ms(r["step_s_by_stage"].get(s) for r in recs) for s in stages}
         out[m] = row
     if "rao" in out and out["rao"]["train_s"][0]:
         for row in out.values():
             row["train_s_vs_rao"] = row["train_s"][0] / out["rao"]["train_s"][0]
+    # The external stand-in's load on a run: seconds per execution step added over policy/policy (SERA w/o D&RT).
+    ref = (out.get("sera_wo_d_rt") or {}).get("step_s_by_stage", {}).get("execution", (None, None))[0]
+    if ref is not None:
+        for row in out.values():
+            mine = row["step_s_by_stage"].get("execution", (None, None))[0]
+            row["execution_step_s_added"] = None if mine is None else mine - ref
     return out
 
 
@@ -250,6 +300,23 @@ def markdown(agg: dict[str, dict[str, Any]], title: str) -> str:
         lines.append(f"| {r['label']} | {' | '.join(cells)} | {_fmt(r['train_s'], 0)} s | {vs} | "
                      f"{_fmt(r['wall_s'], 0)} s | {_fmt(r['judge_calls'], 0)} | "
                      f"{_fmt(r['execution_judge_calls'], 0)} | {_fmt(r['judge_labels'], 0)} |")
+    lines += ["", "Supervision and spend: trajectory tokens (the actor's completions in training), requests to external "
+              "endpoints (every attempt) and the replies used (calls − failures), endpoint calls per second of "
+              "training, and seconds per execution step added over policy/policy (SERA w/o D & RT):", "",
+              "| method | trajectory tokens | endpoint calls | endpoint replies used | endpoint calls / s | "
+              "execution step s added |", "|---|---|---|---|---|---|"]
+    for m, r in agg.items():
+        added = r.get("execution_step_s_added")
+        lines.append(f"| {r['label']} | {_fmt(r['trajectory_tokens'], 0)} | {_fmt(r['endpoint_calls'], 0)} | "
+                     f"{_fmt(r['endpoint_outputs_used'], 0)} | {_fmt(r['endpoint_calls_per_s'], 2)} | "
+                     f"{'—' if added is None else f'{added:+.1f}'} |")
+    lines += ["", "Per-role spend in training (roles/<role>/<backend>, summed over each run, mean ± sample std over "
+              "seeds): calls, prompt tokens, completion tokens, failures:", "",
+              "| method | role / backend | calls | prompt tokens | completion tokens | failures |",
+              "|---|---|---|---|---|---|"]
+    for m, r in agg.items():
+        for key, fields in r.get("roles", {}).items():
+            lines.append(f"| {r['label']} | {key} | " + " | ".join(_fmt(fields[f], 0) for f in ROLE_FIELDS) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@ one row of the table per method, each value the config can express checked here.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -124,9 +125,41 @@ def test_shared_rows(env):
 def test_every_paper_method_has_its_configs_and_nothing_else():
     names = {p.stem for p in PAPER.glob("*.yaml")}
     want = {f"textcraft_{m}" for m in TEXTCRAFT} | {f"textworld_{m}" for m in TEXTWORLD} | {
-        "textcraft_base", "textworld_base", "textcraft_single_agent", "textworld_single_agent"}
+        "textcraft_base", "textworld_base", "textcraft_single_agent", "textworld_single_agent"} | {
+        f"textcraft_{m}" for m in RUBRIC_ABLATIONS}
     assert names == want
     assert {method_config(s).name for s in TEXTCRAFT} == set(METHODS)
+
+
+# The rubric-design ablations (Scripts/Ablation/textcraft/*.sh): (rubric writer, scorer) on SERA w/o D&RT.
+RUBRIC_ABLATIONS = {"kimi_rubric_policy_scorer": ("endpoint", "policy"),
+                    "kimi_rubric_kimi_scorer": ("endpoint", "endpoint"),
+                    "global_rubric_policy_scorer": ("file", "policy")}
+
+
+@pytest.mark.parametrize("slug", RUBRIC_ABLATIONS)
+def test_rubric_ablation_rows(slug):
+    """Each launcher's settings: SERA w/o D&RT's in every resolved value but the roles; the external model's client
+    as the launcher sets it (kimi-k2.6, KIMI_API_KEY, 16 in flight, 1,800 s, 5 attempts, thinking off)."""
+    from sera_jax.config.roles import backend
+
+    cfg, base = load_config(PAPER / f"textcraft_{slug}.yaml"), load_config(PAPER / "textcraft_sera_wo_d_rt.yaml")
+    assert cfg.method_config() == base.method_config()
+    for section in ("model", "mesh", "optim", "step", "env", "rollout", "batch", "judge", "eval", "endpoint"):
+        assert getattr(cfg, section) == getattr(base, section), section
+    assert cfg.train == dataclasses.replace(base.train, out_dir=f"runs/textcraft_{slug}")
+    assert (backend(cfg, "rubric_writer"), backend(cfg, "scorer")) == RUBRIC_ABLATIONS[slug]
+    assert backend(cfg, "actor") == backend(cfg, "selector") == "policy" and backend(cfg, "judge") is None
+    for role in ("rubric_writer", "scorer"):
+        sec = getattr(cfg.roles, role)
+        if backend(cfg, role) == "endpoint":
+            assert (sec.endpoint, sec.model, sec.api_key_env, sec.concurrency, sec.timeout_s, sec.retries + 1,
+                    sec.thinking_off) == (None, "kimi-k2.6", "KIMI_API_KEY", 16, 1800.0, 5, True)
+    if slug.startswith("global"):
+        assert cfg.roles.rubric_writer.path is None  # the shipped global rubric of the environment
+    # Rubric training with an external or fixed writer would train tokens the policy did not write: refused.
+    with pytest.raises(ConfigError, match=r"^roles\.rubric_writer\.backend: '(endpoint|file)' writes rubrics"):
+        load_config(PAPER / f"textcraft_{slug}.yaml", ["method.name=sera_wo_d", "method.max_head_offpolicyness=0"])
 
 
 @pytest.mark.parametrize("env", ["textcraft", "textworld"])

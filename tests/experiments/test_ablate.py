@@ -3,6 +3,7 @@ shared warm start, and the report aggregates seeds (mean ± sample std) and cost
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -124,3 +125,51 @@ def test_a_failed_run_is_reported_and_retried_not_fatal(tmp_path):
     assert (tmp_path / "sera" / "seed7" / "run_failed.json").is_file()
     ablate(["configs/tiny_cpu.yaml"], [], ["sera"], [7], tmp_path, run=fails, log=lambda s: None)
     assert calls == ["sera", "rao", "sera"]  # not marked done: a rerun retries it
+
+
+def test_rubric_grid_methods_and_their_spend_in_the_report(tmp_path):
+    """The rubric-design grid: each method is SERA w/o D&RT with another writer/scorer; the report carries the
+    per-role spend, the trajectory tokens and the external replies used."""
+    from sera_jax.config.roles import backend
+    from sera_jax.experiments.ablate import RUBRIC_GRID, needs_endpoint
+
+    base = load_config(["configs/tiny_cpu.yaml"])
+    want = {"sera_wo_d_rt": ("policy", "policy"), "kimi_rubric_policy_scorer": ("endpoint", "policy"),
+            "kimi_rubric_kimi_scorer": ("endpoint", "endpoint"), "global_rubric_policy_scorer": ("file", "policy")}
+    ref = load_config(["configs/tiny_cpu.yaml"], run_overrides(base, "sera_wo_d_rt", 1, tmp_path, tmp_path))
+    for m in RUBRIC_GRID:
+        cfg = load_config(["configs/tiny_cpu.yaml"], run_overrides(base, m, 1, tmp_path / m, tmp_path / "warm"))
+        assert (backend(cfg, "rubric_writer"), backend(cfg, "scorer")) == want[m]
+        assert cfg.method_config() == ref.method_config()  # the method itself is SERA w/o D&RT's
+        # The tiny twin resolves to the same method and roles (its name aside).
+        if m != "sera_wo_d_rt":
+            twin = load_config([f"configs/tiny_{m}.yaml"])
+            assert (backend(twin, "rubric_writer"), backend(twin, "scorer")) == want[m]
+            assert twin.method_config() == dataclasses.replace(ref.method_config(), seed=twin.train.seed,
+                                                               name=twin.method_config().name)
+    assert needs_endpoint(["sera", "kimi_rubric_policy_scorer"]) and not needs_endpoint(
+        ["sera_wo_d_rt", "global_rubric_policy_scorer"])
+
+    def run(name, step_s, roles):
+        d = tmp_path / name
+        (d / "eval_after").mkdir(parents=True)
+        rows = [{"kind": "step", "stage": "execution", "time/step_s": step_s, "completion_tokens": 100.0,
+                 **{f"roles/{k}/{f}": v for k, fields in roles.items() for f, v in fields.items()}}] * 2
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return run_record(d, {"success_before": 10.0, "success_after": 20.0}, wall_s=50.0)
+
+    pol = {"actor/policy": {"calls": 10, "prompt_tokens": 1000, "completion_tokens": 100, "failures": 0},
+           "rubric_writer/policy": {"calls": 2, "prompt_tokens": 300, "completion_tokens": 40, "failures": 0}}
+    ext = {"actor/policy": pol["actor/policy"],
+           "rubric_writer/endpoint": {"calls": 3, "prompt_tokens": 450, "completion_tokens": 60, "failures": 1}}
+    recs = {"sera_wo_d_rt": {1: run("p", 4.0, pol)}, "kimi_rubric_policy_scorer": {1: run("k", 5.0, ext)}}
+    r = recs["kimi_rubric_policy_scorer"][1]
+    assert r["roles"]["rubric_writer/endpoint"] == {"calls": 6.0, "prompt_tokens": 900.0, "completion_tokens": 120.0,
+                                                    "failures": 2.0}
+    assert (r["endpoint_calls"], r["endpoint_outputs_used"], r["trajectory_tokens"]) == (6.0, 4.0, 200.0)
+    assert r["endpoint_calls_per_s"] == pytest.approx(6.0 / 10.0)
+    agg = aggregate(recs)
+    assert agg["kimi_rubric_policy_scorer"]["execution_step_s_added"] == pytest.approx(1.0)
+    md = markdown(agg, "grid")
+    assert "| Kimi rubric / policy scorer | rubric_writer/endpoint | 6 ± 0 | 900 ± 0 | 120 ± 0 | 2 ± 0 |" in md
+    assert "| Kimi rubric / policy scorer | 200 ± 0 | 6 ± 0 | 4 ± 0 | 0.60 ± 0.00 | +1.0 |" in md
