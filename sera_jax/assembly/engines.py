@@ -102,8 +102,9 @@ def engine_maker(cfg: RunConfig, tokenizer: Any, model_cfg: Any = None) -> Calla
     return functools.partial(SimulatedEngine, timer=timer, emission=sim.script(cfg, tokenizer))
 
 
-def simulated_engine_config(cfg: RunConfig, engines: int, *, evaluation: bool = False) -> EngineConfig:
+def simulated_engine_config(cfg: RunConfig, engines: int, *, evaluation: bool = False,
+                            model_cfg: Any = None) -> EngineConfig:
     """Returns ``engine_config`` for engines on the simulated GPU: bf16, its shapes and its memory."""
     sim = simulation(cfg)
     return engine_config(cfg, "bfloat16", engines, backend="gpu", bytes_limit=sim.bytes_limit,
-                         evaluation=evaluation)
+                         evaluation=evaluation, model_cfg=model_cfg)

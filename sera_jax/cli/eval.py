@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from sera_jax.cli import preemption
+from sera_jax.cli import preemption, simulate
 from sera_jax.cli.common import (CONFIG_ERROR, end_processes, load_or_report, missing_path, no_empty_folder,
                                  report_user_error, start_processes, use_compilation_cache)
 from sera_jax.config import UserError
@@ -47,10 +47,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the report of a sharded pass once every shard is complete")
     p.add_argument("--no-fallback", action="store_true", help=(
         "refuse when the newest checkpoint cannot be read (default: report it and evaluate the newest intact one)"))
+    simulate.add_argument(p)
     return p
 
 
 def _print_report(rep: dict, out: str) -> int:
+    sim = simulate.label()
+    if sim:
+        print(f"(simulated: the engine ran on a simulated {sim['simulated']}; its device times are the roofline's)")
     print(rep["markdown"])
     if rep.get("warmup"):
         print(f"engine warm-up: {rep['warmup']['executables']} executables in {rep['warmup']['seconds']:.1f} s")
@@ -62,7 +66,7 @@ def _print_report(rep: dict, out: str) -> int:
     m, s = rep["mean_std"]["overall"]
     errored = sum(t["overall"]["errored"] for t in rep["runs"])
     print(f"RESULT env={rep['env']} tasks={rep['num_tasks']} runs={rep['num_runs']} success_mean={m:.4f} "
-          f"success_std={s:.4f} errored={errored} out={out}")
+          f"success_std={s:.4f} errored={errored} out={out}{simulate.result_fields()}")
     if errored:
         print(f"sera-eval: incomplete: {errored} tree(s) errored (counted as failures in this report); the same "
               "command retries them", file=sys.stderr)
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is not None:
         overrides += [f"endpoint.model={args.model}"]
     # The policy given on the command line replaces the config's model: its model.hf_dir need not exist.
+    overrides += simulate.overrides(args)
     cfg = load_or_report(overrides, check_paths=args.checkpoint is None and args.hf is None and not args.endpoint)
     if cfg is None:
         return CONFIG_ERROR

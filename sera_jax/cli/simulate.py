@@ -18,6 +18,8 @@ from sera_jax.profiling.simulated_time import roofline_timer
 from sera_jax.profiling.targets import get_target
 from sera_jax.sampling.simulation import Simulation, install, label
 
+__all__ = ["add_argument", "install_for", "label", "overrides", "result_fields"]
+
 
 def add_argument(p: argparse.ArgumentParser) -> None:
     """Adds ``--simulate GPU`` to a command's parser."""

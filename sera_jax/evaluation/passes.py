@@ -32,7 +32,7 @@ from sera_jax.agents.keys import warm_keys
 from sera_jax.agents.phases import tracing
 from sera_jax.agents.runtime import start_pool
 from sera_jax.assembly.endpoint import endpoint_policy
-from sera_jax.assembly.engines import engine_config
+from sera_jax.assembly.engines import engine_config, engine_maker, simulated_engine_config, simulation
 from sera_jax.assembly.settings import runtime_settings
 from sera_jax.config import RunConfig
 from sera_jax.evaluation.identity import engine_identity, protocol_identity, served_identity, tasks_identity
@@ -41,7 +41,6 @@ from sera_jax.evaluation.protocol import (evaluate_distributed, evaluate_tasks, 
 from sera_jax.evaluation.report import DIFFICULTY_ORDER, Outcome, report, summarise
 from sera_jax.evaluation.store import EvalStore, collect, merge_trees, partition_hash, shard_dir, shard_tasks
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
-from sera_jax.sampling import Engine
 
 SESSIONS = "sessions.jsonl"   # per shard: one line per session (what it ran, how long, its engine's figures)
 META = "meta.json"            # beside identity.json: what the report says of the pass (not pinned)
@@ -79,9 +78,16 @@ async def _policy(cfg: RunConfig, spec: PassSpec, out_dir: Path) -> tuple[Any, A
                          f"vocab_size {p.model_cfg.vocab_size}")
     ident = engine_identity(p.model_cfg, p.params, p.tokenizer_path)
     dtype = "bfloat16" if jax.default_backend() == "gpu" else p.model_cfg.dtype
-    engine = Engine(p.model_cfg, p.params, engine_config(cfg, dtype, evaluation=True, model_cfg=p.model_cfg),
-                    tokenizer=p.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
-                    seed=cfg.train.seed)
+    # engine.backend: simulated (--simulate GPU): the same host path on a simulated device; pinned as such, so a
+    # simulated pass never resumes a real one's directory (or the other way round).
+    sim = simulation(cfg)
+    if sim is not None:
+        ident = {**ident, "simulated": sim.target}
+    ec = (simulated_engine_config(cfg, 1, evaluation=True, model_cfg=p.model_cfg) if sim is not None else
+          engine_config(cfg, dtype, evaluation=True, model_cfg=p.model_cfg))
+    engine = engine_maker(cfg, p.tokenizer, p.model_cfg)(
+        p.model_cfg, p.params, ec, tokenizer=p.tokenizer, mesh=make_mesh(MeshConfig(1, 1, 1), jax.local_devices()[:1]),
+        seed=cfg.train.seed)
     return engine, p.tokenizer, engine, ident, p.source
 
 
