@@ -112,3 +112,17 @@ def test_endpoint_address_from_the_environment(monkeypatch):
     monkeypatch.delenv("SERA_JUDGE_ENDPOINT", raising=False)
     s = judge_settings(tw)
     assert (s["kind"], s["base_url"], s["model"]) == ("chat", "http://127.0.0.1:9/v1", "kimi-k2.6")
+
+
+def test_an_endpoint_selector_is_the_oracle_of_test_time_selection():
+    from sera_jax.agents.judge import ChatJudge
+    from sera_jax.evaluation.protocol import selection_settings
+
+    tiny = CONFIGS / "tiny_cpu.yaml"
+    cfg = load_config(tiny, ["eval.best_of_n=2", "roles.selector.backend=endpoint",
+                             "roles.selector.endpoint=http://h:1", "roles.selector.model=m", "roles.selector.retries=2"])
+    judge = selection_settings(cfg)["roles"].selector_judge
+    assert isinstance(judge, ChatJudge) and judge.url == "http://h:1/v1/chat/completions"
+    assert (judge.model, judge.max_attempts, judge.temperature) == ("m", 3, cfg.judge.temperature)
+    assert "roles" not in selection_settings(load_config(tiny, ["eval.best_of_n=2"]))
+    assert selection_settings(load_config(tiny)) is None
