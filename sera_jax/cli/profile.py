@@ -121,7 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                           "against FSDP's minimum, projected hours")
     aot.add_argument("--tree", action="append", default=[], metavar="FIELD=VALUE",
                      help="an assumption of the projection's tree (profiling.projection.TreeShape), e.g. agents=4")
+    sim = p.add_argument_group("simulated rollout step (--simulate GPU): the host side of one training step")
+    sim.add_argument("--simulate", metavar="GPU", default=None, help="run CONFIG's step of task groups on simulated "
+                     "GPUs (h200, h100: the roofline's time, the oracle's tokens) and report the host's costs "
+                     "(profiling/host_side.py); every figure is labelled simulated")
+    sim.add_argument("--stage", default="execution", choices=("execution", "delegation", "rubric_generation"),
+                     help="--simulate: the step's stage")
     args = p.parse_args(argv)
+    if args.simulate:
+        return _simulate_main(args)
     if args.aot:
         return _aot_main(args)
     if args.config:
@@ -175,6 +183,40 @@ def main(argv: list[str] | None = None) -> int:
         print("the profiled step produced a non-finite loss or was skipped", file=sys.stderr)
         return 1
     return 0
+
+
+def _simulate_main(args) -> int:
+    """``sera-profile --simulate GPU CONFIG``: prints the simulated step's report and RESULT line; returns 0, or 2
+    for a config error."""
+    import asyncio
+
+    from sera_jax.assembly.tasks import load_env_tasks
+    from sera_jax.assembly.tokenizer import resolve_tokenizer
+    from sera_jax.cli.common import load_or_report
+    from sera_jax.profiling.host_side import result_line, simulated_step
+    from sera_jax.profiling.machine import matmul_rate
+
+    cfg = load_or_report(list(args.config) + ["engine.backend=simulated", f"engine.simulate={args.simulate}"],
+                         check_paths=False)
+    if cfg is None:
+        return 2
+    tokenizer = resolve_tokenizer(cfg.model.tokenizer, cfg.model.hf_dir)[0]
+    tasks = load_env_tasks(cfg)[0][:cfg.rollout.tasks_per_step]
+    figures = asyncio.run(simulated_step(cfg, tasks, tokenizer, stage=args.stage)).figures
+    rate = matmul_rate(_tiny_cfg())  # this machine's speed (the tiny model's projection: seconds, not minutes)
+    out = Path(args.out or f"sera_profile/simulated-{cfg.name}-{args.simulate}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({**figures, "matmul_gflops": rate / 1e9}, indent=1) + "\n")
+    print(json.dumps(figures, indent=1))
+    print(f"report: {out / 'report.json'}")
+    print(result_line([figures], matmul_gflops=round(rate / 1e9, 1)))
+    return 0
+
+
+def _tiny_cfg():
+    from sera_jax.model import Qwen3Config
+
+    return Qwen3Config.preset("tiny")
 
 
 def _aot_main(args) -> int:

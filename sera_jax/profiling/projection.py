@@ -112,6 +112,17 @@ def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: 
     compute_s = flops / (gpus * target.bf16_flops)
     nvlink_s = micro * within_bytes_per_microbatch / target.nvlink_bytes_per_s
     network_s = micro * across_bytes_per_microbatch / network_bytes_per_s
+    step_dec, tok_s, throughput_s, latency_s = rollout_floors(cfg, target, trees_per_step=trees_per_step,
+                                                              gpus=gpus, decode_rows=decode_rows, tree=tree)
+    return Projection(steps, trees_per_step, gpus, train_tokens, flops, compute_s, nvlink_s, network_s, decode_rows,
+                      step_dec, tok_s, throughput_s, latency_s, tree)
+
+
+def rollout_floors(cfg: Qwen3Config, target: GpuTarget, *, trees_per_step: int, gpus: int, decode_rows: int,
+                   tree: TreeShape) -> tuple[float, float, float, float]:
+    """Returns (decode step s, tokens/s per GPU, throughput floor s, latency floor s) of a step's rollouts: its
+    generated tokens at ``decode_rows`` rows per GPU over all GPUs plus its prompts prefilled at the FLOP peak, and
+    its longest chain of sequential turns at the decode step latency."""
     mean_ctx = tree.system_tokens + tree.turns_per_agent * (tree.completion_tokens + tree.observation_tokens) / 2
     step_dec, tok_s = decode_roofline(cfg, target, decode_rows, mean_ctx)
     generated = trees_per_step * tree.generated_tokens
@@ -121,5 +132,4 @@ def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: 
     prefill_s = 2.0 * cfg.num_params() * prefill_tokens / (gpus * target.bf16_flops)
     throughput_s = generated / (tok_s * gpus) + prefill_s
     latency_s = tree.sequential_agents * tree.turns_per_agent * tree.completion_tokens * step_dec
-    return Projection(steps, trees_per_step, gpus, train_tokens, flops, compute_s, nvlink_s, network_s, decode_rows,
-                      step_dec, tok_s, throughput_s, latency_s, tree)
+    return step_dec, tok_s, throughput_s, latency_s

@@ -72,14 +72,14 @@ class SimulatedEngine(Engine):
         self.clock = DeviceClock()
         self._snapshot: dict | None = None
         self._emitted: tuple[np.ndarray, np.ndarray] | None = None
-        self.script_s = 0.0      # seconds the script took on the callers' loop (a simulation cost, not the host's)
+        self.script_s = 0.0      # CPU seconds the script took on the callers' loop (a simulation cost, not the host's)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                        key: jax.Array | None = None, *, on_progress: Any = None) -> GenerationResult:
         """``Engine.generate`` whose turn emits the script's tokens for this call (see the module docstring)."""
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         ids, lps = self.emission(prompt_ids, SamplingParams() if params is None else params, key)
-        self.script_s += time.perf_counter() - t0
+        self.script_s += time.thread_time() - t0
         if not len(ids):
             raise ValueError("the simulation's script emitted no token")
         # Handed to the request in _submit, which Engine.generate reaches without awaiting anything first.
@@ -111,5 +111,6 @@ class SimulatedEngine(Engine):
         s = super()._collect()
         dev = self.programs.device
         s.update(simulated_busy_s=dev.busy_s, simulated_prefill_s=dev.program_s["prefill"],
-                 simulated_decode_s=dev.program_s["decode"], script_s=self.script_s)
+                 simulated_decode_s=dev.program_s["decode"], script_s=self.script_s,
+                 simulated_programs_cpu_s=self.programs.cpu_s)
         return s

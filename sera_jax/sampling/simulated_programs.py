@@ -16,6 +16,7 @@ driver or the device clock's watcher, never the event loop — until the program
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from typing import Any
@@ -97,6 +98,18 @@ def _stop_seq_hits(recent_BL: np.ndarray, new_BS: np.ndarray, seqs_BQL: np.ndarr
     return np.any(np.all(agree, axis=-1) & real[:, None], axis=-1)
 
 
+def _costed(program):
+    """Counts the CPU seconds the stand-in itself takes (``cpu_s``): a simulation cost, not the host path's."""
+    @functools.wraps(program)
+    def run(self, *args):
+        t0 = time.thread_time()
+        try:
+            return program(self, *args)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+    return run
+
+
 class SimulatedPrograms:
     """The three device programs of one simulated engine; ``slots`` is the scheduler's slot list (rows → requests)
     and each request carries its emission as ``req.sim`` = (token ids, logprobs) arrays."""
@@ -105,12 +118,15 @@ class SimulatedPrograms:
         self.timer, self.slots, self.steps = timer, slots, steps
         self.device = Timeline()
         self.scripts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row → its request's emission
+        self.cpu_s = 0.0
 
+    @_costed
     def prefill(self, params, pool, tokens, ctx_len, new_len, table, ctx_table) -> tuple[Any, Later]:
         b, t = tokens.shape  # padding rows (new_len 1, nothing cached) are computed too, as on the device
         ready = self.device.run("prefill", self.timer.prefill_s(b, t, ctx_len, new_len))
         return pool, Later(np.zeros(b, np.float32), ready)
 
+    @_costed
     def start(self, state: SimRowState, logits: Later, ctx_len, new_len, slot, rows):
         ready, b = logits.ready_at, len(slot)
         tok = np.zeros(b, np.int32)
@@ -132,6 +148,7 @@ class SimulatedPrograms:
         return (state, Later(tok, ready), Later(lp, ready), Later(done, ready), Later(np.zeros(k, np.int32), ready),
                 Later(np.zeros(k, np.float32), ready))
 
+    @_costed
     def decode(self, params, pool, state: SimRowState, index, table, alive, rows):
         b, steps, n_rows = len(index), self.steps, len(state.token)
         inside = index < n_rows
