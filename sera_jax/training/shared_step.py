@@ -42,13 +42,13 @@ def light_tree(tree: Tree) -> dict[str, Any]:
     could not record) is gathered as its ``repr``, and a record that still fails keeps only its infrastructure
     reason in its ``misc`` fields, so one tree never stops the exchange."""
     try:
-        d = _without_turns(tree_to_dict(tree))
+        d = _without_turns(tree_to_dict(tree), tree)
         json.dumps(d)
         return d
     except (TypeError, ValueError, RecursionError):
         pass
     try:
-        return json.loads(json.dumps(_without_turns(tree_to_dict(tree)), default=repr))
+        return json.loads(json.dumps(_without_turns(tree_to_dict(tree), tree), default=repr))
     except (TypeError, ValueError, RecursionError):
         bare = dataclasses.replace(
             tree, misc={k: v for k, v in tree.misc.items() if k == INFRA_KEY},
@@ -56,7 +56,11 @@ def light_tree(tree: Tree) -> dict[str, Any]:
         return json.loads(json.dumps(tree_to_dict(bare), default=repr))
 
 
-def _without_turns(d: dict[str, Any]) -> dict[str, Any]:
+def _without_turns(d: dict[str, Any], tree: Tree) -> dict[str, Any]:
+    # The actor's per-role spend is counted from the turns: kept as a summary (training.stats.role_spend reads it).
+    from sera_jax.training.stats import ACTOR_SPEND_KEY, actor_spend
+
+    d["misc"][ACTOR_SPEND_KEY] = actor_spend(tree)
     for node in d["nodes"].values():
         node["turns"] = []
     return d

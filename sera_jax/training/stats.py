@@ -155,6 +155,23 @@ def tree_metrics(trees: Sequence[Tree], *, env: EnvName = DEFAULT_ENV) -> dict[s
     return out
 
 
+ACTOR_SPEND_KEY = "actor_spend"  # tree.misc of a tree gathered without its turns: actor_spend(tree)
+
+
+def actor_spend(tree: Tree) -> dict[str, dict[str, int]]:
+    """Returns the actor's spend in ``tree`` by backend: one call per agent turn (``endpoint`` for a served actor's
+    turns), its prompt and completion tokens."""
+    out: dict[str, dict[str, int]] = {}
+    for node in tree.nodes.values():
+        for turn in node.turns:
+            served = bool((turn.misc.get("usage") or {}).get("route"))
+            rec = out.setdefault("actor/endpoint" if served else "actor/policy", empty_spend())
+            rec["calls"] += 1
+            rec["prompt_tokens"] += len(turn.prompt_ids)
+            rec["completion_tokens"] += len(turn.completion_ids)
+    return out
+
+
 def role_spend(trees: Sequence[Tree]) -> dict[str, float]:
     """Returns ``roles/<role>/<backend>/<field>`` sums over ``trees`` (see the module docstring)."""
     spend: dict[str, dict[str, int]] = {}
@@ -165,11 +182,11 @@ def role_spend(trees: Sequence[Tree]) -> dict[str, float]:
             rec[k] += int(v or 0)
 
     for t in trees:
+        # A multi-host step's gathered trees come without turns (shared_step.light_tree): their summary instead.
+        actor = t.misc.get(ACTOR_SPEND_KEY) or actor_spend(t)
+        for key, rec in actor.items():
+            add(key, **rec)
         for node in t.nodes.values():
-            for turn in node.turns:
-                served = bool((turn.misc.get("usage") or {}).get("route"))
-                add("actor/endpoint" if served else "actor/policy", calls=1, prompt_tokens=len(turn.prompt_ids),
-                    completion_tokens=len(turn.completion_ids))
             for k in (BRANCH_KEY, SPENT_KEY):
                 rec = node.misc.get(k) or {}
                 if rec.get("backend") and int(rec.get("calls", 0) or 0):

@@ -218,3 +218,18 @@ def test_oracle_selector_takes_the_first_success(tw_task, tok, answers, chosen, 
     spend = tree.misc[SPEND_KEY]["selector/endpoint"]
     assert spend["calls"] == asked and spend["prompt_tokens"] == 10 * asked
     assert spend["failures"] == sum(1 for k in list(answers)[:asked] if answers[k] is None)
+
+
+def test_a_gathered_tree_keeps_its_actor_spend(tc_task, tok):
+    """A multi-host step gathers trees without their turns: the actor's spend survives as a summary."""
+    from sera_jax.agents.records import tree_from_dict
+    from sera_jax.training.shared_step import light_tree
+
+    script = {"root": TC_ROOT, TC_CHILD: TC_CHILD_OK, f"rubric:{TC_CHILD}": [rubric_text()],
+              f"score:{TC_CHILD}": [score_text(0.5)]}
+    tree, _ = _run(tc_task, "textcraft", tok, script, None)
+    light = tree_from_dict(light_tree(tree))
+    assert all(not n.turns for n in light.nodes.values())
+    full, gathered = tree_metrics([tree], env="textcraft"), tree_metrics([light], env="textcraft")
+    roles = {k: v for k, v in full.items() if k.startswith("roles/")}
+    assert roles["roles/actor/policy/calls"] > 0 and {k: gathered[k] for k in roles} == roles
