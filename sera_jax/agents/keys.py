@@ -6,10 +6,10 @@ host, in any process, after any restart draws the same key for the same turn: a 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 
 import jax
+import numpy as np
 
 
 def stable_hash(text: str) -> int:
@@ -17,28 +17,52 @@ def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
-def _on_host():
-    # Keys are made on the event loop for every turn: keep them on the host CPU so that no accelerator dispatch
-    # (and no device sync) sits between agents; the engine reads the key words anyway.
+_M32 = 0xFFFFFFFF
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
+    """Threefry-2x32 (20 rounds) of one block, in plain integers: what ``jax.random``'s default PRNG computes."""
+    ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
+    x0, x1 = (x0 + k0) & _M32, (x1 + k1) & _M32
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = (x0 + x1) & _M32
+            x1 = (((x1 << r) | (x1 >> (32 - r))) & _M32) ^ x0
+        x0, x1 = (x0 + ks[(i + 1) % 3]) & _M32, (x1 + ks[(i + 2) % 3] + i + 1) & _M32
+    return x0, x1
+
+
+def _fold_in(words: tuple[int, int], data: int) -> tuple[int, int]:
+    """``jax.random.fold_in`` on raw threefry key words (data < 2³²: its seed block is [0, data])."""
+    return _threefry2x32(words[0], words[1], 0, data & _M32)
+
+
+def _wrap(words: tuple[int, int]) -> jax.Array:
+    # Keys are made on the event loop for every turn. Derived here in integers (bit-identical to jax.random's
+    # fold_in, tests/agents/test_truncation_keys.py) they cost one small host-CPU copy instead of a dozen eager
+    # JAX dispatches (~240 µs a turn alone, over 1 ms on a busy host: issue #57); kept on the host CPU so that no
+    # accelerator dispatch sits between agents (the engine reads the words anyway).
+    data = np.asarray(words, np.uint32)
     try:
-        return jax.default_device(jax.local_devices(backend="cpu")[0])  # this process's (a multi-host job)
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):  # this process's (a multi-host job)
+            return jax.random.wrap_key_data(data)
     except RuntimeError:
-        return contextlib.nullcontext()
+        return jax.random.wrap_key_data(data)
 
 
 def tree_key(seed: int, policy_version: int, task_id: str, rollout_index: int) -> jax.Array:
     """Returns the root key of one tree: ``key(seed)`` folded with the version, the task id hash and the rollout."""
-    with _on_host():
-        k = jax.random.key(int(seed) & 0xFFFFFFFF)
-        k = jax.random.fold_in(k, int(policy_version) & 0x7FFFFFFF)
-        k = jax.random.fold_in(k, stable_hash(str(task_id)))
-        return jax.random.fold_in(k, int(rollout_index) & 0x7FFFFFFF)
+    words = (0, int(seed) & _M32)  # jax.random.key(seed) for a 32-bit seed
+    for data in (int(policy_version) & 0x7FFFFFFF, stable_hash(str(task_id)), int(rollout_index) & 0x7FFFFFFF):
+        words = _fold_in(words, data)
+    return _wrap(words)
 
 
 def turn_key(tree_root: jax.Array, node_path: str, turn: int) -> jax.Array:
     """Returns the key of one agent turn: the tree key folded with the node path hash and the turn index."""
-    with _on_host():
-        return jax.random.fold_in(jax.random.fold_in(tree_root, stable_hash(node_path)), int(turn))
+    root = tuple(int(x) for x in np.asarray(jax.random.key_data(tree_root)).ravel())
+    return _wrap(_fold_in(_fold_in(root, stable_hash(node_path)), int(turn) & _M32))
 
 
 def key_data(key: jax.Array) -> list[int]:

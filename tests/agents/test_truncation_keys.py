@@ -67,3 +67,16 @@ def test_turn_keys_are_stable_and_distinct():
     turns = {tuple(key_data(turn_key(k, p, t))) for p in ("root", "root/subagent-0-0") for t in range(3)}
     assert len(turns) == 6
     assert jax.random.key_data(turn_key(k, "root", 0)).dtype == jax.numpy.uint32
+
+
+def test_host_derived_keys_equal_jax_random_fold_in():
+    # tree_key / turn_key derive in plain integers (issue #57: eager JAX was the loop's largest cost); the words are
+    # exactly jax.random's.
+    for seed, version, task, rollout in ((0, 0, "t", 0), (353, 17, "textcraft_synth.train.5", 7), (2**32 - 1, 3, "", 1)):
+        k = jax.random.key(seed)
+        for d in (version, stable_hash(task), rollout):
+            k = jax.random.fold_in(k, d)
+        assert key_data(tree_key(seed, version, task, rollout)) == key_data(k)
+        for path, turn in (("root", 0), ("root/subagent-0-1", 19), ("rubric:root#2", 2**31 - 1)):
+            want = jax.random.fold_in(jax.random.fold_in(k, stable_hash(path)), turn)
+            assert key_data(turn_key(tree_key(seed, version, task, rollout), path, turn)) == key_data(want)
