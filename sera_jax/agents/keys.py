@@ -43,12 +43,20 @@ def _wrap(words: tuple[int, int]) -> jax.Array:
     # fold_in, tests/agents/test_truncation_keys.py) they cost one small host-CPU copy instead of a dozen eager
     # JAX dispatches (~240 µs a turn alone, over 1 ms on a busy host: issue #57); kept on the host CPU so that no
     # accelerator dispatch sits between agents (the engine reads the words anyway).
+    # The key carries its words (``host_words``): the next fold and the engine read them without a device op.
     data = np.asarray(words, np.uint32)
     try:
         with jax.default_device(jax.local_devices(backend="cpu")[0]):  # this process's (a multi-host job)
-            return jax.random.wrap_key_data(data)
+            key = jax.random.wrap_key_data(data)
     except RuntimeError:
-        return jax.random.wrap_key_data(data)
+        key = jax.random.wrap_key_data(data)
+    key.host_words = words
+    return key
+
+
+def _words(key: jax.Array) -> tuple[int, int]:
+    words = getattr(key, "host_words", None)
+    return words if words is not None else tuple(int(x) for x in np.asarray(jax.random.key_data(key)).ravel())
 
 
 def tree_key(seed: int, policy_version: int, task_id: str, rollout_index: int) -> jax.Array:
@@ -61,13 +69,13 @@ def tree_key(seed: int, policy_version: int, task_id: str, rollout_index: int) -
 
 def turn_key(tree_root: jax.Array, node_path: str, turn: int) -> jax.Array:
     """Returns the key of one agent turn: the tree key folded with the node path hash and the turn index."""
-    root = tuple(int(x) for x in np.asarray(jax.random.key_data(tree_root)).ravel())
+    root = _words(tree_root)
     return _wrap(_fold_in(_fold_in(root, stable_hash(node_path)), int(turn) & _M32))
 
 
 def key_data(key: jax.Array) -> list[int]:
     """Returns the raw uint32 words of a key (for records and comparisons)."""
-    return [int(x) for x in jax.random.key_data(key).ravel()]
+    return list(_words(key))
 
 
 def warm_keys() -> None:

@@ -90,7 +90,10 @@ def script_emission(tokenizer: Any, script: Script, default: str = ""):
 
 
 def _key_seed(key: jax.Array | None) -> str:
-    return "" if key is None else ",".join(str(int(x)) for x in jax.random.key_data(key).ravel())
+    if key is None:
+        return ""
+    words = getattr(key, "host_words", None)  # agents.keys' keys carry their words
+    return ",".join(str(int(x)) for x in (words if words is not None else jax.random.key_data(key).ravel()))
 
 
 def _fake_logprob(seed: str, position: int, token: int) -> float:

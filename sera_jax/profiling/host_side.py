@@ -240,8 +240,8 @@ async def simulated_step(cfg: RunConfig, tasks: Sequence[Any], tokenizer: Any, *
         "tokenisation (asyncio executor threads: prompt truncation)": tok_executor,
         "other threads (executors less tokenisation; XLA's pools: the turns' key derivations)":
             max(0.0, proc_rollout - loop["loop_cpu_s"] - drivers - clocks - tok_executor),
-        "env workers (TextCraft worlds)": env_own,
-        "sandboxes (cells reaped by the workers)": sandboxes,
+        "env workers + sandboxes (live descendant processes)": env_own,
+        "exited descendants (cells their parents reaped)": sandboxes,
         "credit": credit_cpu,
         "batch packing": batch_cpu,
         "HTTP (judge client)": 0.0,

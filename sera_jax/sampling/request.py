@@ -59,6 +59,9 @@ def key_data_of(key: Any, fallback: tuple[int, int]) -> np.ndarray:
     """Returns raw uint32[2] threefry key data of ``key`` (a typed key or raw data), or ``fallback`` if None."""
     if key is None:
         return np.asarray(fallback, dtype=np.uint32)
+    words = getattr(key, "host_words", None)  # a key that carries its words (agents.keys): no device op
+    if words is not None:
+        return np.asarray(words, dtype=np.uint32)
     import jax
 
     if hasattr(key, "dtype") and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):

@@ -26,7 +26,7 @@ def test_tiny_simulated_step_reports_the_host_side(tmp_path):
     assert all(0 < b < p["rollout_wall_s"] for b in p["device_busy_s"])
     assert p["engine_calls"] > 4 and p["generated_tokens"] > 0 and p["cached_tokens"] > 0
     assert 0 < p["loop_busy_fraction"] <= 1 and p["host_us_per_token"] > 0
-    assert p["host_cpu_s"]["env workers (TextCraft worlds)"] > 0 and p["datums"] > 0
+    assert p["host_cpu_s"]["env workers + sandboxes (live descendant processes)"] > 0 and p["datums"] > 0
     assert set(p["tree_shape"]) == set(p["assumed_tree_shape"]) and p["tree_shape"]["agents"] >= 1
 
 
