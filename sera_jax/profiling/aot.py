@@ -185,7 +185,8 @@ def compile_job(cfg: RunConfig, target: GpuTarget, *, every_bucket: bool = False
                               trees_per_step=cfg.rollout.tasks_per_step * cfg.rollout.trees_per_task,
                               gpus=hosts * per_host, within_bytes_per_microbatch=per_micro_within,
                               across_bytes_per_microbatch=per_micro_across, token_budget=cfg.batch.token_budget,
-                              network_bytes_per_s=network_bytes_per_s, decode_rows=decode_rows, tree=tree)
+                              network_bytes_per_s=network_bytes_per_s, decode_rows=decode_rows, tree=tree,
+                              host=projection.HostCost(), hosts=hosts)
     return AotReport(cfg.name, target, hosts, per_host, limit, steps, engine, judge, publish, kernels, phases, proj,
                      problems)
 

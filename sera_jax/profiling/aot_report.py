@@ -88,6 +88,10 @@ def report_lines(r: AotReport) -> list[str]:
             f"{t.hbm_bytes_per_s / 1e12:.1f} TB/s) = {p.decode_tok_s_per_gpu:,.0f} tokens/s per GPU",
             f"  rollouts per step: throughput floor {p.rollout_throughput_s:.1f} s, latency floor "
             f"{p.rollout_latency_s:.1f} s",
+            *([f"  host-bound: {p.host_s:.1f} s a step ({p.host.in_process_us / 1e3:.1f} ms a call in one process's "
+               f"GIL + {p.host.worker_us / 1e3:.1f} ms in workers, {p.host.cores_per_host} cores a host; measured on "
+               f"the simulated paper step, docs/results/host_side.md); without the host "
+               f"{p.device_hours:.1f} h"] if p.host is not None else []),
             f"  {p.steps} steps x {p.step_s:.1f} s = {p.hours:.1f} h on {p.gpus} {t.name}, beside the paper's "
             f"{PAPER_SERA_HOURS:.1f} h for SERA on 2 x 8 H200 (a floor: the paper's time includes everything the "
             f"roofline leaves out: env steps, sandboxes, judges, imperfect batching)"]
@@ -125,7 +129,8 @@ def result_line(r: AotReport) -> str:
         "peak_gib": round(peak / GIB, 2), "limit_gib": round(r.bytes_limit / GIB, 2),
         "fits": int(peak <= r.bytes_limit), "kernels_ok": f"{ok}/{seen}",
         "traffic_ratio": round(s.ratio, 3), "weight_sized_allreduce": len(s.weight_sized),
-        "projected_h": round(r.projection.hours, 2), "paper_h": round(PAPER_SERA_HOURS, 2),
+        "projected_h": round(r.projection.hours, 2), "device_h": round(r.projection.device_hours, 2),
+        "host_step_s": round(r.projection.host_s, 2), "paper_h": round(PAPER_SERA_HOURS, 2),
         "ok": int(r.ok)}
     return "RESULT " + " ".join(f"{k}={v}" for k, v in fields.items())
 
@@ -148,6 +153,8 @@ def to_json(r: AotReport) -> dict[str, Any]:
         "kernels": [{"case": k.case, "kernels": list(k.kernels), "cuda_elfs": k.cuda_elfs, "sm90": k.sm90,
                      "compile_s": k.compile_s} for k in r.kernels],
         "phases": r.phases, "projection": {"hours": r.projection.hours, "step_s": r.projection.step_s,
+                                           "device_hours": r.projection.device_hours,
+                                           "host_step_s": r.projection.host_s,
                                            "paper_hours": PAPER_SERA_HOURS},
         "problems": r.problems,
     }

@@ -46,6 +46,28 @@ class TreeShape:
 
 
 @dataclasses.dataclass(frozen=True)
+class HostCost:
+    """Host CPU per engine call (an agent turn or a side call), measured on the simulated paper step
+    (``tools/sim_paper_step.py``, docs/results/host_side.md: TextCraft SERA execution stage, 1 process × 8 simulated
+    H200s, the oracle's ~61-token turns, after the key-derivation cuts; a loaded 2-core machine, so an upper
+    figure). ``in_process_us`` runs in one process under one GIL (event loop, engine drivers, executor threads)
+    and cannot use more than one core per process; ``worker_us`` runs in env workers and sandboxes, separate
+    processes that use any core."""
+
+    in_process_us: float = 5000.0
+    worker_us: float = 3350.0
+    cores_per_host: int = 32
+    processes_per_host: int = 1
+
+    def step_s(self, calls: float, hosts: int) -> float:
+        """Returns the host-bound seconds of ``calls`` engine calls spread over ``hosts`` hosts: the larger of the
+        GIL-bound part (one core per process) and all of it over the hosts' cores."""
+        gil = calls * self.in_process_us / (hosts * self.processes_per_host)
+        cores = calls * (self.in_process_us + self.worker_us) / (hosts * self.cores_per_host)
+        return max(gil, cores) / 1e6
+
+
+@dataclasses.dataclass(frozen=True)
 class Projection:
     steps: int
     trees_per_step: int
@@ -61,6 +83,8 @@ class Projection:
     rollout_throughput_s: float       # generated tokens / (tok/s per GPU × GPUs) + prefill at peak
     rollout_latency_s: float          # longest chain of turns at the decode step latency
     tree: TreeShape
+    host_s: float = 0.0               # host-bound seconds of the step's rollouts (HostCost; 0: not counted)
+    host: HostCost | None = None
 
     @property
     def train_s(self) -> tuple[float, float]:
@@ -70,8 +94,14 @@ class Projection:
 
     @property
     def step_s(self) -> float:
-        """Projected seconds per update: rollouts (the larger floor) then the train step (overlapped)."""
-        return max(self.rollout_throughput_s, self.rollout_latency_s) + self.train_s[0]
+        """Projected seconds per update: rollouts (the largest of the device floors and the host-bound time) then
+        the train step (overlapped)."""
+        return max(self.rollout_throughput_s, self.rollout_latency_s, self.host_s) + self.train_s[0]
+
+    @property
+    def device_hours(self) -> float:
+        """The hours with the host left out (the roofline floor alone)."""
+        return self.steps * (max(self.rollout_throughput_s, self.rollout_latency_s) + self.train_s[0]) / 3600
 
     @property
     def hours(self) -> float:
@@ -100,9 +130,11 @@ def prefill_roofline(cfg: Qwen3Config, target: GpuTarget, tokens: int, context_s
 
 def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: int, gpus: int,
             within_bytes_per_microbatch: float, across_bytes_per_microbatch: float, token_budget: int,
-            network_bytes_per_s: float, decode_rows: int = 64, tree: TreeShape = TreeShape()) -> Projection:
+            network_bytes_per_s: float, decode_rows: int = 64, tree: TreeShape = TreeShape(),
+            host: HostCost | None = None, hosts: int = 1) -> Projection:
     """Returns the projection of ``steps`` updates of ``trees_per_step`` trees on ``gpus`` GPUs of ``target``, with
-    the compiled step's per-device collective bytes per micro-batch."""
+    the compiled step's per-device collective bytes per micro-batch; ``host`` (with the job's ``hosts``) adds the
+    host-bound time of the step's engine calls (trees × agents × turns)."""
     datums = trees_per_step * tree.agents
     train_tokens = datums * tree.context_tokens
     loss_tokens = trees_per_step * tree.generated_tokens
@@ -114,8 +146,9 @@ def project(cfg: Qwen3Config, target: GpuTarget, *, steps: int, trees_per_step: 
     network_s = micro * across_bytes_per_microbatch / network_bytes_per_s
     step_dec, tok_s, throughput_s, latency_s = rollout_floors(cfg, target, trees_per_step=trees_per_step,
                                                               gpus=gpus, decode_rows=decode_rows, tree=tree)
+    host_s = 0.0 if host is None else host.step_s(trees_per_step * tree.agents * tree.turns_per_agent, hosts)
     return Projection(steps, trees_per_step, gpus, train_tokens, flops, compute_s, nvlink_s, network_s, decode_rows,
-                      step_dec, tok_s, throughput_s, latency_s, tree)
+                      step_dec, tok_s, throughput_s, latency_s, tree, host_s, host)
 
 
 def rollout_floors(cfg: Qwen3Config, target: GpuTarget, *, trees_per_step: int, gpus: int, decode_rows: int,
