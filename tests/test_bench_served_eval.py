@@ -20,6 +20,7 @@ def test_one_task_two_ways(tmp_path):
     fields = dict(kv.split("=", 1) for kv in result.split()[1:])
     assert fields["tasks"] == "1" and fields["outcomes_equal"] in ("0/1", "1/1")
     assert float(fields["in_process_s"]) > 0 and float(fields["endpoint_s"]) > 0 and float(fields["matmul_gflops"]) > 0
+    assert fields["prompt_mismatch_turns"] == "0"  # the server counted every prompt as the trees record it
     # both passes' reports are kept, and the served one counted its tokens from the server's usage
     assert (tmp_path / "in_process" / "report.json").is_file() and (tmp_path / "endpoint" / "report.json").is_file()
     usage = next(x for x in out.stdout.splitlines() if x.startswith("completion tokens (usage)"))

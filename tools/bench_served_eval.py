@@ -3,14 +3,15 @@
 
 Usage: ``python tools/bench_served_eval.py [--tasks N] [--concurrency C] [--out DIR]``.
 
-The shipped tiny TextCraft warm start (the tiny default's policy) is evaluated at temperature 0 on the first N
+The shipped tiny TextCraft warm start (the tiny default's policy) is evaluated at temperature 0 (greedy; the tiny default's own is 0.7) on the first N
 official Easy validation tasks of the tiny default config (``configs/tiny_cpu.yaml``), once in process and once
 through a ``sera-serve`` of the same weights (imported as a run with ``sera-export --import``) on 127.0.0.1, each as
 the ``sera-eval`` command a user runs, timed from the command to its exit (start-up, compilation and the pass; the
 server's own start-up is not in the endpoint figure, as a user's server is up before the pass). Printed side by
 side: wall seconds, success, completion tokens (the trees' own counts; the served pass also counts them from the
 server's ``usage``), agent turns, then the outcomes task for task (agreement, and the first turn where the two
-trees' completions differ), and the machine's fp32 matmul rate on the model's largest projection. The server runs
+trees' completions differ), the turns whose prompt the server counted otherwise than the tree records, and the
+machine's fp32 matmul rate on the model's largest projection. The server runs
 on this machine's cores beside the client: what the endpoint figure measures includes HTTP and JSON on both sides.
 Ends with a RESULT line.
 """
@@ -73,12 +74,15 @@ def main() -> None:
     a = p.parse_args()
     work = Path(a.out or tempfile.mkdtemp(prefix="bench-served-eval-"))
     work.mkdir(parents=True, exist_ok=True)
-    common = ["--tasks", str(a.tasks), "--runs", "1", f"eval.concurrency={a.concurrency}"]
+    # Both sides encode each prompt from the conversation's text, as a chat server must (the endpoint pass turns
+    # the tiny default's env.token_history off; in process it is turned off here, so the protocols are one).
+    common = ["--tasks", str(a.tasks), "--runs", "1", f"eval.concurrency={a.concurrency}", "env.token_history=false",
+              "eval.temperature=0"]  # the tiny default evaluates at 0.7; greedy makes the two passes comparable
 
     rate = matmul_rate(load_config(ROOT / "configs" / "tiny_cpu.yaml").model_config())
     print(f"machine: fp32 matmul {rate / 1e9:.1f} GFLOP/s on the model's largest projection; "
           f"{os.cpu_count()} cores", flush=True)
-    local_s, _ = _eval(work / "in_process", *common)
+    local_s, _ = _eval(work / "in_process", "--hf", str(SHIPPED_DIRS["textcraft"]), *common)
     run_dir = import_pretrained(SHIPPED_DIRS["textcraft"], work / "served_run")
     server = serve_process([str(run_dir)], *SERVE_FLAGS)
     try:
@@ -96,6 +100,8 @@ def main() -> None:
     print(f"{'completion tokens (trees)':28s}{mine['completion_tokens']:14d}{theirs['completion_tokens']:14d}")
     print(f"{'completion tokens (usage)':28s}{'-':>14s}{theirs['served_tokens']:14d}")
     print(f"{'agent turns':28s}{mine['turns']:14d}{theirs['turns']:14d}")
+    mismatch = sum(int(t["stats"].get("prompt_mismatch_turns", 0)) for t in theirs["tasks"].values())
+    print(f"{'prompts the server counted':28s}{'':14s}{'otherwise: ' + str(mismatch):>14s}")
     agree, same_trees, firsts = 0, 0, []
     for tid, t in mine["tasks"].items():
         agree += t["success"] == theirs["tasks"][tid]["success"]
@@ -107,7 +113,7 @@ def main() -> None:
           + (f"; where they differ, first at root turn {sorted(firsts)}" if firsts else ""))
     print(f"RESULT tasks={a.tasks} in_process_s={local_s:.1f} endpoint_s={served_s:.1f} "
           f"ratio={served_s / local_s:.2f} outcomes_equal={agree}/{a.tasks} identical_roots={same_trees}/{a.tasks} "
-          f"matmul_gflops={rate / 1e9:.1f} out={work}")
+          f"prompt_mismatch_turns={mismatch} matmul_gflops={rate / 1e9:.1f} out={work}")
 
 
 if __name__ == "__main__":

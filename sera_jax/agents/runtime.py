@@ -147,11 +147,15 @@ def tree_stats(tree: Tree) -> dict:
     launch requests and cells stopped at a limit."""
     nodes = list(tree.nodes.values())
     turns = [t for n in nodes for t in n.turns]
-    # A served model's own counts (its ``usage``): its text is re-encoded here, which may split differently.
-    served = [t.misc["usage"] for t in turns if isinstance(t.misc.get("usage"), dict)]
+    # A served model's own counts (its ``usage``): its text is re-encoded here, which may split differently. A turn
+    # whose prompt the server counts otherwise than the ids recorded saw other tokens than the tree says.
+    metered = [(t, t.misc["usage"]) for t in turns if isinstance(t.misc.get("usage"), dict)]
+    served = [u for _, u in metered]
     usage = {"served_completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in served),
              "served_prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in served),
-             "unmetered_turns": sum(1 for u in served if not u.get("metered", True))} if served else {}
+             "unmetered_turns": sum(1 for u in served if not u.get("metered", True)),
+             "prompt_mismatch_turns": sum(1 for t, u in metered if u.get("metered", True)
+                                          and int(u.get("prompt_tokens", -1)) != len(t.prompt_ids))} if served else {}
     return {
         "nodes": len(nodes), "subagent_nodes": len(nodes) - 1,
         "successful_nodes": sum(1 for n in nodes if n.env_labels.get("success") == 1.0),

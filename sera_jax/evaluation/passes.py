@@ -108,6 +108,11 @@ async def evaluate(cfg: RunConfig, *, out_dir: str | Path, spec: PassSpec = Pass
     afresh, since nothing pins what generates. ``wrap_generator`` wraps whichever generator is used (to inject
     failures). Raises UserError for a mistake (a differing rerun, a second writer, an unreachable endpoint, …)."""
     out_dir = Path(out_dir)
+    if cfg.endpoint.urls and cfg.env.token_history:
+        # A chat server encodes the conversation from its text: a prompt extended with the sampled tokens would
+        # record ids the served model never saw (a re-encoded completion may split otherwise).
+        say("sera-eval: note: env.token_history is off for a served policy (the server re-encodes the conversation)")
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, token_history=False))
     if jax.process_count() > 1:
         return await evaluate_distributed(cfg, out_dir=out_dir, checkpoint=spec.checkpoint, hf_dir=spec.hf_dir,
                                           version=spec.version, num_tasks=spec.num_tasks, num_runs=spec.num_runs,

@@ -24,6 +24,7 @@ from tests.serving.conftest import SERVE_FLAGS
 pytestmark = pytest.mark.slow
 TASKS = "6"
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu"}
+GREEDY = "eval.temperature=0"  # the tiny default evaluates at 0.7: greedy, the two policies' passes must agree
 
 
 def _eval(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -62,7 +63,7 @@ def endpoint_pass(replicas, tmp_path_factory):
     before = [_served(p) for p in replicas]
     t0 = time.monotonic()
     r = _eval("--endpoint", replicas[0].url, "--endpoint", replicas[1].url, "--model", "tiny_run",
-              "--tasks", TASKS, "--runs", "1", "--out", str(out))
+              "--tasks", TASKS, "--runs", "1", "--out", str(out), GREEDY)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, [_served(p) - b for p, b in zip(replicas, before)], time.monotonic() - t0, r
 
@@ -72,20 +73,24 @@ def test_endpoint_pass_equals_the_in_process_pass_and_uses_both_replicas(endpoin
     assert "RESULT env=textcraft tasks=6" in r.stdout and "errored=0" in r.stdout
     # round-robin: both replicas answered a share of the agents' turns
     assert min(served) > 0 and abs(served[0] - served[1]) <= 1, served
-    local = _eval("--checkpoint", str(run_dir), "--tasks", TASKS, "--runs", "1", "--out", str(tmp_path / "local"))
+    # In process under the rule a chat server imposes: each prompt encoded from the conversation's text (the
+    # endpoint pass turns env.token_history off, saying so).
+    assert "env.token_history is off for a served policy" in r.stderr
+    local = _eval("--checkpoint", str(run_dir), "--tasks", TASKS, "--runs", "1", "--out", str(tmp_path / "local"),
+                  "env.token_history=false", GREEDY)
     assert local.returncode == 0, local.stderr[-3000:]
-    # The same task set, and the same prompts: along each task's root, every prompt the endpoint path built equals
-    # the in-process one until the two policies' completions first differ. (They may: the server's engine runs
-    # other batch shapes than the evaluation engine, and a tiny model's near-tie logits can flip a greedy token.)
-    assert _outcomes(out).keys() == _outcomes(tmp_path / "local").keys()
+    # Greedy, the two passes are one: the same outcomes task for task, the same nodes, and every turn the same
+    # prompt ids and the same completion text. (Not always the same completion ids: a served completion's ids are
+    # its text encoded again, which may split where the engine's sampled tokens did not.)
+    assert _outcomes(out) == _outcomes(tmp_path / "local")
     local_trees = {t.task_id: t for t in list(read_jsonl(tmp_path / "local" / "trees.jsonl"))}
     for tree in list(read_jsonl(out / "trees.jsonl")):
-        mine, theirs = tree.nodes["root"].turns, local_trees[tree.task_id].nodes["root"].turns
-        assert list(mine[0].prompt_ids) == list(theirs[0].prompt_ids)
-        for a, b in zip(mine, theirs):
-            assert list(a.prompt_ids) == list(b.prompt_ids), tree.task_id
-            if list(a.completion_ids) != list(b.completion_ids):
-                break
+        theirs = local_trees[tree.task_id]
+        assert tree.nodes.keys() == theirs.nodes.keys(), tree.task_id
+        for node_id, node in tree.nodes.items():
+            pairs = list(zip(node.turns, theirs.nodes[node_id].turns, strict=True))
+            assert all(list(a.prompt_ids) == list(b.prompt_ids) for a, b in pairs), (tree.task_id, node_id)
+            assert all(a.completion_text == b.completion_text for a, b in pairs), (tree.task_id, node_id)
     rep = json.loads((out / "report.json").read_text())
     assert rep["policy"]["kind"] == "endpoint" and rep["identity"]["policy"]["model"] == "tiny_run"
     assert rep["identity"]["policy"]["tokenizer_sha256"]  # the served tokenizer, fetched from sera-serve
@@ -97,6 +102,8 @@ def test_endpoint_pass_equals_the_in_process_pass_and_uses_both_replicas(endpoin
         assert turns and all(t.completion_ids for t in turns)  # token ids: the served model's tokenizer is known
     stats = [t["stats"] for t in rep["tasks"][0]]
     assert all(s["served_completion_tokens"] > 0 and s["unmetered_turns"] == 0 for s in stats)
+    # The server's own count of every prompt equals the ids the tree records: the trees say what the model saw.
+    assert all(s["prompt_mismatch_turns"] == 0 for s in stats), stats
 
 
 def test_killed_endpoint_pass_resumes_to_the_same_outcomes(endpoint_pass, replicas, tmp_path):
@@ -154,12 +161,12 @@ def test_bad_endpoints_are_one_line_each(replicas, tmp_path):
     unreachable = _eval("--endpoint", "http://127.0.0.1:9", "--model", "m", "--tasks", "1",
                         "--out", str(tmp_path / "u"), timeout=180)
     assert unreachable.returncode == 2, unreachable.stderr[-2000:]
-    said = [x for x in unreachable.stderr.splitlines() if x.startswith("sera-eval:")]
+    said = [x for x in unreachable.stderr.splitlines() if x.startswith("sera-eval: error")]
     assert len(said) == 1 and "127.0.0.1:9" in said[0] and "Traceback" not in unreachable.stderr
     wrong = _eval("--endpoint", replicas[0].url, "--model", "no-such-model", "--tasks", "1",
                   "--out", str(tmp_path / "w"), timeout=180)
     assert wrong.returncode == 2
-    said = [x for x in wrong.stderr.splitlines() if x.startswith("sera-eval:")]
+    said = [x for x in wrong.stderr.splitlines() if x.startswith("sera-eval: error")]
     assert len(said) == 1 and "no-such-model" in said[0] and "tiny_run" in said[0], wrong.stderr[-2000:]
     bare = _eval("--endpoint", replicas[0].url, "--tasks", "1", "--out", str(tmp_path / "b"), timeout=120)
     assert bare.returncode == 2 and "endpoint.model" in bare.stderr and "Traceback" not in bare.stderr
