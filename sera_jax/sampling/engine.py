@@ -124,6 +124,10 @@ class Engine:
             self.pool = make_pool(self.cfg, config.num_blocks, config.block_size, self.cfg.compute_dtype, self.mesh,
                                   rules)
         self.state = jax.device_put(init_state(self.sched.rows, config.stop_seq_len), self._replicated)
+        self._init_driver()
+
+    def _init_driver(self) -> None:
+        """The host side's state of the device loop: request ids, the lock, the inbox, the driver thread, peaks."""
         self._rid = itertools.count()
         self._lock = threading.RLock()  # guards scheduler, params, pool, state between device rounds
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -17,9 +17,6 @@ simulation changes only time. Its outputs must say they are simulated (``simulat
 
 from __future__ import annotations
 
-import itertools
-import queue
-import threading
 import time
 from typing import Any, Sequence
 
@@ -29,7 +26,6 @@ import numpy as np
 from sera_jax.model.config import Qwen3Config
 from sera_jax.parallel.mesh import MeshConfig, make_mesh
 from sera_jax.parallel.rules import SAMPLE_RULES
-from sera_jax.sampling.device_clock import DeviceClock
 from sera_jax.sampling.engine import Engine
 from sera_jax.sampling.engine_config import EngineConfig
 from sera_jax.sampling.scheduler import Scheduler
@@ -60,17 +56,7 @@ class SimulatedEngine(Engine):
         self.emission = emission
         self.params = self.pool = None
         self.state = SimRowState.empty(self.sched.rows, config.stop_seq_len)
-        self._rid = itertools.count()
-        self._lock = threading.RLock()
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._error: BaseException | None = None
-        self.peak_referenced_blocks = 0
-        self.peak_waiting = 0
-        self.clock = DeviceClock()
-        self._snapshot: dict | None = None
+        self._init_driver()
         self._emitted: tuple[np.ndarray, np.ndarray] | None = None
         self.script_s = 0.0      # CPU seconds the script took on the callers' loop (a simulation cost, not the host's)
 
